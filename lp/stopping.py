@@ -1,0 +1,59 @@
+"""When a request ends: EOS ids, max_new_tokens, stop strings on decoded text."""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class StopChecker:
+    """Feed generated tokens one at a time; `push` returns the finish reason
+    ("eos", "length", "stop") at the token that ends the output, else None.
+
+    EOS: the output ends at (and includes) the EOS token, like `generate`.
+    Length: exactly `max_new_tokens` tokens, never one more.
+    Stop strings: matched on the decoded text of all generated tokens, so a
+    stop string may span token boundaries; the ids keep the token that
+    completed the match and `text` is cut right before the stop string.
+    """
+
+    def __init__(self, eos_token_ids: Sequence[int], max_new_tokens: int,
+                 stop: Sequence[str] = (), tokenizer=None):
+        if stop and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to decode the output")
+        if any(not s for s in stop):
+            raise ValueError("stop strings must be non-empty")
+        self.eos = frozenset(eos_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.stop = tuple(stop)
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.reason: str | None = None
+        self._cut: int | None = None
+
+    def push(self, token: int) -> str | None:
+        if self.reason is not None:
+            raise RuntimeError("push after the output has ended")
+        self.tokens.append(token)
+        if token in self.eos:
+            self.reason = "eos"
+        elif self.stop and self._find_stop() is not None:
+            self.reason = "stop"
+        elif len(self.tokens) >= self.max_new_tokens:
+            self.reason = "length"
+        return self.reason
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+
+    def _find_stop(self) -> int | None:
+        text = self._decode()
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self._cut = min(hits)
+        return self._cut
+
+    @property
+    def text(self) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._decode()
+        return text if self._cut is None else text[:self._cut]
