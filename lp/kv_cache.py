@@ -52,15 +52,14 @@ def _cache_kwarg(forward_cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def forward(model, cache, **kwargs):
+    """`model(**kwargs)` with `cache` passed under the name this transformers knows."""
+    kwargs[_cache_kwarg(type(model))] = cache
+    return model(use_cache=True, **kwargs)
+
+
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows) -> torch.Tensor:
     """One forward over the round's rows; logits [K, V] for `logit_rows` only."""
-    kwargs = {_cache_kwarg(type(model)): cache}
-    out = model(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        attention_mask=mask,
-        use_cache=True,
-        logits_to_keep=logit_rows,
-        **kwargs,
-    )
+    out = forward(model, cache, input_ids=input_ids, position_ids=position_ids,
+                  attention_mask=mask, logits_to_keep=logit_rows)
     return out.logits[0]

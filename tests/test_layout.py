@@ -1,0 +1,131 @@
+"""Round layout: visibility rules row by row, row counts, logit rows, and the
+packed forward against separate causal forwards (the oracle)."""
+import pytest
+import torch
+
+from lp.kv_cache import forward, forward_logits, new_cache
+from lp.layout import BASE, CAND, DEEP, ORDINARY, build_round, pack, visibility
+
+
+def name(row):
+    if row.role == ORDINARY:
+        return f"o{row.off}"
+    if row.role == BASE:
+        return f"b{row.col}"
+    if row.role == DEEP:
+        return f"u{row.level},{row.col}"
+    return f"v{row.cand},{row.off}"
+
+
+def expected_visible(rnd):
+    """DESIGN.md section 3, written out per row by name."""
+    k = sum(r.role == ORDINARY for r in rnd.rows)
+    ords = [f"o{i}" for i in range(k)]
+    out = {}
+    for r in rnd.rows:
+        if r.role == ORDINARY:
+            seen = ords[:r.off + 1]
+        elif r.role == BASE:
+            seen = ords + [f"b{j}" for j in range(1, r.col + 1)]
+        elif r.role == DEEP:
+            seen = ords + [f"b{j}" for j in range(1, r.col + 1)]
+            seen += [f"u{q},{r.col}" for q in range(1, r.level + 1)]
+        else:
+            seen = ords + [f"v{r.cand},{s}" for s in range(r.off + 1)]
+        out[name(r)] = set(seen)
+    return out
+
+
+LEVELS_N4_W3 = [[11, 12], [21, 22, 23], [31, 32, 33]]
+CANDS = [(41, 42, 43), (51, 52, 53)]
+
+
+@pytest.mark.parametrize("ordinary", [[9], [7, 8, 9]])
+def test_visibility_row_by_row(ordinary):
+    rnd = build_round(ordinary, 20, LEVELS_N4_W3, CANDS)
+    vis = visibility(rnd.rows)
+    want = expected_visible(rnd)
+    names = [name(r) for r in rnd.rows]
+    for i, r in enumerate(rnd.rows):
+        got = {names[j] for j in range(len(names)) if vis[i, j]}
+        assert got == want[names[i]], names[i]
+
+
+def test_positions_follow_the_coordinates():
+    rnd = build_round([9], 20, LEVELS_N4_W3, CANDS)
+    pos = {name(r): r.pos for r in rnd.rows}
+    assert pos["o0"] == 20 and pos["b1"] == 21 and pos["b2"] == 22
+    assert pos["u1,0"] == 21 and pos["u2,2"] == 24
+    assert pos["v0,0"] == 21 and pos["v1,2"] == 23
+    tok = {name(r): r.token for r in rnd.rows}
+    assert tok["b1"] == 11 and tok["u2,1"] == 32 and tok["v1,0"] == 51
+
+
+@pytest.mark.parametrize("n,w,c", [(3, 1, 0), (4, 5, 0), (4, 5, 3), (5, 15, 15), (7, 2, 1)])
+def test_steady_row_count(n, w, c):
+    levels = [[1] * (w - 1)] + [[2] * w for _ in range(n - 2)]
+    cands = [tuple([3] * (n - 1))] * c
+    rnd = build_round([5], 0, levels, cands)
+    assert len(rnd) == (w + c) * (n - 1)
+
+
+def test_logit_rows_are_only_the_needed_ones():
+    rnd = build_round([7, 8, 9], 20, LEVELS_N4_W3, CANDS)
+    names = [name(r) for r in rnd.rows]
+    got = {names[i] for i in rnd.logit_rows}
+    assert got == {"o2", "u2,0", "u2,1", "u2,2"} | {f"v{c},{s}" for c in range(2) for s in range(3)}
+    # during warmup with only level 0, the base cells are the deepest level
+    rnd = build_round([9], 20, [[11, 12, 13]], [])
+    assert {names for names in (name(rnd.rows[i]) for i in rnd.logit_rows)} == {"o0", "b1", "b2", "b3"}
+
+
+def test_column_block_feeds_earlier_base_cells():
+    """An LP block ending at column e also feeds b_1..b_{e-1} but only its own deep cells."""
+    rnd = build_round([9], 20, LEVELS_N4_W3, [], columns=range(2, 3))
+    names = [name(r) for r in rnd.rows]
+    assert names == ["o0", "b1", "b2", "u1,2", "u2,2"]
+    assert [names[i] for i in rnd.deep_rows] == ["u2,2"]
+
+
+def causal_last_logits(model, tokens):
+    out = model(input_ids=torch.tensor([tokens]))
+    return out.logits[0, -1]
+
+
+def branch_tokens(rnd, row_index, vis):
+    """The tokens a row sees, in position order: its causal branch."""
+    seen = [r for j, r in enumerate(rnd.rows) if vis[row_index, j]]
+    seen.sort(key=lambda r: r.pos)
+    positions = [r.pos for r in seen]
+    assert positions == list(range(positions[0], positions[0] + len(positions))), "branch must be contiguous"
+    return [r.token for r in seen], positions[0]
+
+
+@pytest.mark.parametrize("prefilled", [False, True])
+@pytest.mark.parametrize("levels,cands", [
+    (LEVELS_N4_W3, CANDS),                   # steady state, N=4 W=3, 2 candidates
+    ([[11, 12, 13, 14]], [(41, 42, 43)]),    # first warmup round, one candidate
+    ([[11, 12, 13], [21, 22, 23, 24]], []),  # second warmup round
+])
+def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, levels, cands):
+    model = tiny_model64
+    vocab = model.config.vocab_size
+    prompt = [3, 5, 7, 9, 11, 13, 2, 4]
+    levels = [[t % vocab for t in lv] for lv in levels]
+    cands = [tuple(t % vocab for t in c) for c in cands]
+    cache = new_cache(model)
+    if prefilled:   # cache holds prompt[:-1]; the round has one ordinary row
+        forward(model, cache, input_ids=torch.tensor([prompt[:-1]]))
+        ordinary = prompt[-1:]
+    else:           # prefill round: the whole prompt is ordinary rows
+        ordinary = prompt
+    past = len(prompt) - len(ordinary)
+    rnd = build_round(ordinary, len(prompt) - 1, levels, cands)
+    ids, pos, mask, keep = pack(rnd, past, model.dtype, "cpu")
+    logits = forward_logits(model, ids, pos, mask, cache, keep)
+    vis = visibility(rnd.rows)
+    for k, i in enumerate(rnd.logit_rows):
+        tokens, first_pos = branch_tokens(rnd, i, vis)
+        assert first_pos == past   # every branch starts right after the cached prefix
+        ref = causal_last_logits(model, prompt[:past] + tokens)
+        assert (logits[k] - ref).abs().max().item() < 1e-9, name(rnd.rows[i])
