@@ -1,0 +1,252 @@
+"""Job configuration: typed sections loaded from YAML, checked before any model work.
+
+A job file has five sections (every one optional; missing keys take the
+defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
+
+    model:      {name: smollm2-135m, dtype: float32, device: auto}
+    lookahead:  {window: 15, ngram: 5, guesses: 15, pool_seeding: true}
+    generation: {max_new_tokens: 256, stop: []}
+    data:       {source: humaneval, offset: 0, limit: 20}   # or {source: jsonl, path: FILE}
+    output:     {dir: runs/humaneval-smollm2}
+
+`lookahead` and `generation` are the engine's own parameter classes
+(lp.engine.LookaheadParams / GenerationParams). Command-line overrides
+`--set section.key=value` are applied to the raw mapping before checking; the
+value is read with yaml.safe_load, so `--set data.limit=null` and
+`--set generation.stop='["\\n\\n"]'` work.
+
+Checking collects every problem and raises one ConfigError whose message has
+one line per problem: `<section.key>: <value!r> <what is allowed>`. Types come
+from the dataclass annotations (bool is not an int); ranges come from each
+section's `problems()` method, the only place a section's rules live (the
+engine checks the same rules again when called directly).
+
+To grow the config: add a field (its annotation drives the type check) and its
+rule in that section's problems(); a new section is a dataclass with
+problems() registered in SECTIONS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from lp.engine import GenerationParams, LookaheadParams
+from lp.models import DTYPES as _MODEL_DTYPES
+
+DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
+DATA_SOURCES = ("humaneval", "jsonl")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+class ConfigError(ValueError):
+    """A job config that cannot run; `problems` holds one line per problem."""
+
+    def __init__(self, problems: Iterable[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        head = f"invalid config {source}" if source else "invalid config"
+        n = len(self.problems)
+        super().__init__(f"{head} ({n} problem{'s' if n != 1 else ''}):\n"
+                         + "\n".join(f"  {p}" for p in self.problems))
+
+
+@dataclass
+class ModelSection:
+    name: str = "smollm2-135m"
+    dtype: str = "float32"
+    device: str = "auto"
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.name.strip():
+            out.append(f"model.name: {self.name!r} must be a model name, a local directory or a .gguf path")
+        if self.dtype not in DTYPES:
+            out.append(f"model.dtype: {self.dtype!r} must be one of {', '.join(DTYPES)}")
+        if not _DEVICE_RE.match(self.device):
+            out.append(f"model.device: {self.device!r} must be auto, cpu, cuda or cuda:N")
+        return out
+
+
+@dataclass
+class DataSection:
+    source: str = "humaneval"
+    path: str | None = None  # jsonl only: one {"task_id": ..., "prompt": ...} per line
+    offset: int = 0
+    limit: int | None = 20  # null: everything after offset
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.source not in DATA_SOURCES:
+            out.append(f"data.source: {self.source!r} must be one of {', '.join(DATA_SOURCES)}")
+        if self.source == "jsonl" and not self.path:
+            out.append(f"data.path: {self.path!r} must be the path of a .jsonl file when data.source is jsonl")
+        if self.offset < 0:
+            out.append(f"data.offset: {self.offset!r} must be >= 0")
+        if self.limit is not None and self.limit < 1:
+            out.append(f"data.limit: {self.limit!r} must be >= 1 or null (no limit)")
+        return out
+
+
+@dataclass
+class OutputSection:
+    dir: str = "runs/humaneval-smollm2"
+
+    def problems(self) -> list[str]:
+        return [] if self.dir.strip() else [f"output.dir: {self.dir!r} must be a non-empty path"]
+
+
+@dataclass
+class JobConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    lookahead: LookaheadParams = field(default_factory=LookaheadParams)
+    generation: GenerationParams = field(default_factory=GenerationParams)
+    data: DataSection = field(default_factory=DataSection)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain YAML/JSON-ready mapping (tuples become lists); load_config_dict inverts it."""
+        return {name: {k: list(v) if isinstance(v, tuple) else v
+                       for k, v in dataclasses.asdict(getattr(self, name)).items()}
+                for name in SECTIONS}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "lookahead": LookaheadParams,
+    "generation": GenerationParams,
+    "data": DataSection,
+    "output": OutputSection,
+}
+
+# ---------------------------------------------------------------- loading
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
+    """Read a YAML job file, apply `section.key=value` overrides, check everything."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"config file not found: {path}"]) from None
+    except OSError as e:
+        raise ConfigError([f"cannot read config file {path}: {e.strerror or e}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {_one_line(e)}"], source=str(path)) from None
+    return load_config_dict(raw, overrides, source=str(path))
+
+
+def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | None = None) -> JobConfig:
+    """Build a checked JobConfig from a mapping (as read from YAML); see load_config."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"<top level>: {_short(raw)} must be a mapping of sections "
+                           f"({', '.join(SECTIONS)})"], source)
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    problems = apply_overrides(raw, overrides)
+
+    sections = {}
+    for name, section in raw.items():
+        if name not in SECTIONS:
+            problems.append(f"{name}: {_short(section)} is not a known section; sections are "
+                            f"{', '.join(SECTIONS)}")
+        elif section is not None and not isinstance(section, dict):
+            problems.append(f"{name}: {_short(section)} must be a mapping of keys")
+    for name, cls in SECTIONS.items():
+        section = raw.get(name)
+        values, type_problems = _check_types(name, cls, section if isinstance(section, dict) else {})
+        # a key with a wrong type keeps its default and gets no second line from the range rules
+        sections[name] = cls(**values)
+        mistyped = {line.split(":", 1)[0] for line in type_problems}
+        problems += type_problems
+        problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]
+    if problems:
+        raise ConfigError(problems, source)
+    return JobConfig(**sections)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
+    """Apply `section.key=value` strings to raw in place; returns the malformed ones as problems."""
+    problems = []
+    for item in overrides:
+        target, sep, text = item.partition("=")
+        parts = target.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)")
+            continue
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            problems.append(f"--set {item!r}: the value is not valid YAML: {_one_line(e)}")
+            continue
+        name, key = parts
+        section = raw.get(name)
+        if section is None:
+            section = raw[name] = {}
+        if isinstance(section, dict):
+            section[key] = value
+        # a non-mapping section is reported by the section check
+    return problems
+
+
+def _check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The keys of one section that are known and well typed, and a problem line for each other key."""
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    problems = []
+    for key, value in given.items():
+        path = f"{name}.{key}"
+        if key not in known:
+            problems.append(f"{path}: {_short(value)} is not a known key; {name} keys are {', '.join(known)}")
+            continue
+        ok, converted, expected = _check_type(value, hints[key])
+        if ok:
+            values[key] = converted
+        else:
+            problems.append(f"{path}: {_short(value)} must be {expected}")
+    return values, problems
+
+
+def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
+    """(accepted, converted value, description of what is allowed) for the types configs use."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if value is None and len(inner) < len(args):
+            return True, None, ""
+        ok, conv, what = _check_type(value, inner[0]) if len(inner) == 1 else (False, value, "?")
+        return ok, conv, f"{what} or null"
+    if tp is bool:
+        return isinstance(value, bool), value, "true or false"
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value, "a number"
+    if tp is str:
+        return isinstance(value, str), value, "a string"
+    if origin in (tuple, list) and args and args[0] is str:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, "a list of strings"
+    raise TypeError(f"config type {tp!r} has no checker")  # a new field type: teach _check_type
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())

