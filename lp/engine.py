@@ -17,11 +17,13 @@ from typing import Sequence
 
 import torch
 
-from lp.kv_cache import cache_length, forward_logits, new_cache, publish
+from lp.dist import Comm
+from lp.kv_cache import cache_length, crop, forward_logits, new_cache, publish
 from lp.layout import build_round, pack
 from lp.pool import NGramPool, sequence_ngrams
+from lp.shard import shard_plan
 from lp.stopping import StopChecker
-from lp.verify import verify_greedy
+from lp.verify import decide, pack_payload
 from lp.window import JacobiWindow
 
 
@@ -72,9 +74,12 @@ class GenerationResult:
     finish_reason: str
     forwards: int
     emitted_per_round: list[int] = field(default_factory=list)
-    rows_per_round: list[int] = field(default_factory=list)
+    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed
+    max_rows_per_round: list[int] = field(default_factory=list)   # rows of the busiest worker
     decode_seconds: float = 0.0
-    host_seconds: float = 0.0
+    host_seconds: float = 0.0       # round time outside the forward and the collectives
+    collectives: int = 0            # step-loop collectives (0 with one worker)
+    bytes_moved: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -100,70 +105,87 @@ def lookahead_generate(
     *,
     eos_token_ids: Sequence[int] = (),
     tokenizer=None,
+    comm: Comm | None = None,
 ) -> GenerationResult:
+    """Decode `input_ids` greedily with lookahead. With a multi-worker `comm` every
+    rank calls this with the same arguments; rank 0 alone holds the pool."""
     check(lookahead, generation)
+    comm = comm or Comm()
     prompt = [int(t) for t in input_ids]
     if not prompt:
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
     n, w, g = lookahead.ngram, lookahead.window, lookahead.guesses
-    dtype = model.dtype
+    s = n - 1
+    deep_slots = w + n - 2       # widest deepest level a rank can hold (first warmup round)
     device = next(model.parameters()).device
 
-    pool = NGramPool(n - 1, g)
+    pool = NGramPool(s, g) if comm.rank == 0 else None
     window = JacobiWindow.seeded(n, w, window_seed(prompt, w + n - 3))
     stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
     cache = new_cache(model)
     tokens = list(prompt)        # committed: prompt + output
     ordinary = list(prompt)      # committed but not yet in the cache
     seeded = 0                   # n-grams of `tokens` already in the pool
-    if lookahead.pool_seeding:
+    if pool is not None and lookahead.pool_seeding:
         pool.update(sequence_ngrams(tokens, n))
         seeded = max(len(tokens) - n + 1, 0)
     result = GenerationResult([], None, "", 0)
+    collectives, bytes_moved = comm.collectives, comm.bytes_moved
     start = time.perf_counter()
 
     while stopper.reason is None:
         round_start = time.perf_counter()
         x_t = tokens[-1]
         past = cache_length(cache)
-        candidates = pool.candidates(x_t, g)
-        rnd = build_round(ordinary, len(tokens) - 1, window.levels, candidates)
-        ids, pos, mask, keep = pack(rnd, past, dtype, device)
+        candidates = comm.share_candidates(pool.candidates(x_t, g) if pool is not None else None, s, g)
+        plan = shard_plan(comm.world, window.columns, window.depth, len(candidates), s, len(ordinary))
+        mine = plan[comm.rank]
+        guesses = candidates[mine.candidates.start:mine.candidates.stop]
+        rnd = build_round(ordinary, len(tokens) - 1, window.levels, guesses, columns=mine.columns)
+        ids, pos, mask, keep = pack(rnd, past, model.dtype, device)
 
         forward_start = time.perf_counter()
-        logits = forward_logits(model, ids, pos, mask, cache, keep)
-        predicted = dict(zip(rnd.logit_rows, logits.argmax(-1).tolist()))  # the one sync
+        predicted = forward_logits(model, ids, pos, mask, cache, keep).argmax(-1)
+        at = {row: k for k, row in enumerate(rnd.logit_rows)}
+        index = lambda rows: torch.tensor([at[r] for r in rows], dtype=torch.long, device=device)  # noqa: E731
+        payload = pack_payload(
+            predicted[at[rnd.last_ordinary]],
+            torch.tensor(guesses, dtype=torch.long, device=device).view(len(guesses), s),
+            predicted[index([r for rows in rnd.cand_rows for r in rows])].view(len(guesses), s),
+            mine.candidates.start, predicted[index(rnd.deep_rows)], s, deep_slots)
+        decision = decide(comm.all_gather(payload).tolist(), s)   # the round's one sync
         forward_seconds = time.perf_counter() - forward_start
 
-        verdict = verify_greedy(
-            predicted[rnd.last_ordinary],
-            candidates,
-            [[predicted[i] for i in rows] for rows in rnd.cand_rows],
-        )
-        deepest = [predicted[i] for i in rnd.deep_rows]
-        pool.update(window.ngrams(x_t, deepest))
-        window.advance(deepest)
-
+        if pool is not None:
+            pool.update(window.ngrams(x_t, decision.deepest))
+        window.advance(decision.deepest)
         emitted = []
-        for token in verdict.emitted:
+        for token in decision.emitted:
             emitted.append(token)
             if stopper.push(token):
                 break
         tokens += emitted
-        accepted = [past + i for i in rnd.cand_rows[verdict.candidate][:verdict.hits]] if verdict.hits else []
-        publish(cache, past + len(ordinary), accepted)
-        ordinary = [verdict.emitted[-1]]
-        if lookahead.pool_seeding:
+        if comm.world == 1:      # publish the accepted rows' K/V; the last token is next round's row
+            accepted = [past + r for r in rnd.cand_rows[decision.candidate][:decision.hits]] if decision.hits else []
+            publish(cache, past + len(ordinary), accepted)
+            ordinary = decision.emitted[-1:]
+        else:                    # re-feed: the accepted rows live on one rank only
+            crop(cache, past + len(ordinary))
+            ordinary = list(decision.emitted)
+        if pool is not None and lookahead.pool_seeding:
             pool.update(sequence_ngrams(tokens, n, start=seeded))
             seeded = max(len(tokens) - n + 1, seeded)
 
         result.forwards += 1
         result.emitted_per_round.append(len(emitted))
-        result.rows_per_round.append(len(rnd))
+        result.rows_per_round.append(mine.rows)
+        result.max_rows_per_round.append(max(sh.rows for sh in plan))
         result.host_seconds += time.perf_counter() - round_start - forward_seconds
 
     result.decode_seconds = time.perf_counter() - start
     result.token_ids = stopper.tokens
     result.text = stopper.text
     result.finish_reason = stopper.reason
+    result.collectives = comm.collectives - collectives
+    result.bytes_moved = comm.bytes_moved - bytes_moved
     return result

@@ -1,36 +1,69 @@
-"""Greedy verification of candidate suffixes (DESIGN.md section 4)."""
+"""Greedy verification (DESIGN.md section 4) and the round decision (section 5).
+
+Each worker verifies its own candidates on the device (`greedy_hits`) and
+packs a fixed-size payload; `decide` turns the gathered payloads of all
+workers into the round's outcome on the host. With one worker the same two
+functions run, so the single-worker engine is the P = 1 case of LP.
+"""
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import torch
 
-class Verdict(NamedTuple):
-    hits: int               # a: accepted guess tokens of the best candidate
-    candidate: int          # index of the best candidate (-1 when none hit)
-    emitted: list[int]      # a+1 tokens: z* then the target's predictions along it
+HEADER = 4   # payload: z*, best hits, best global candidate index, deepest-output count
 
 
-def verify_greedy(
-    next_token: int,
-    candidates: Sequence[Sequence[int]],
-    predictions: Sequence[Sequence[int]],
-) -> Verdict:
-    """Longest verified prefix among the candidates.
+def greedy_hits(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+    """Accepted guess tokens per candidate, [C].
 
-    `next_token` is z*, the argmax of the ordinary row. `predictions[c][s]` is
-    the argmax of candidate c's row at offset s. Candidate c matches `a` tokens
-    when g_1 = z* and g_{s+1} = predictions[c][s-1] for s < a. The round emits z*
-    followed by predictions[c][0..a-1]: when all guesses match, the prediction
-    after the last guess is a free extra token. Ties go to the lowest index.
-    """
-    best_hits, best_c = 0, -1
-    for c, guess in enumerate(candidates):
-        if not guess or guess[0] != next_token:
+    Candidate c matches a tokens when g_1 = z* (the ordinary row's argmax) and
+    g_{s+1} = predictions[c, s-1] for s < a; `predictions[c, s]` is the argmax of
+    candidate c's row at offset s."""
+    ok = torch.cat([guesses[:, :1] == next_token, guesses[:, 1:] == predictions[:, :-1]], dim=1)
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def pack_payload(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor,
+                 first_candidate: int, deepest: torch.Tensor, suffix_len: int, deep_slots: int) -> torch.Tensor:
+    """One worker's fixed-size int64 payload: [z*, hits, global index, deepest count,
+    the best candidate's S predictions, deepest outputs padded to `deep_slots`]."""
+    device = next_token.device
+    if guesses.shape[0]:
+        hits = greedy_hits(next_token, guesses, predictions)
+        best = hits.argmax()                    # first maximum: ties go to the lowest index
+        head = torch.stack([next_token, hits[best], best + first_candidate])
+        preds = predictions[best]
+    else:
+        head = torch.stack([next_token, torch.zeros_like(next_token), torch.zeros_like(next_token)])
+        preds = torch.zeros(suffix_len, dtype=torch.long, device=device)
+    count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
+    pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
+    return torch.cat([head, count, preds, deepest, pad])
+
+
+class Decision(NamedTuple):
+    emitted: list[int]      # z* then the winner's predictions: hits + 1 tokens
+    hits: int
+    candidate: int          # global index of the winning candidate (-1: none)
+    deepest: list[int]      # deepest-level outputs of the whole window, in column order
+
+
+def decide(payloads: Sequence[Sequence[int]], suffix_len: int) -> Decision:
+    """The round's outcome, identical on every worker.
+
+    Rank 0's z* is authoritative (a worker whose z* differs counts as no hit);
+    the longest hit wins; ties go to the lowest global candidate index."""
+    z = payloads[0][0]
+    best = None
+    for row in payloads:
+        mine, hits, index = row[0], row[1], row[2]
+        if mine != z or hits == 0:
             continue
-        a = 1
-        while a < len(guess) and guess[a] == predictions[c][a - 1]:
-            a += 1
-        if a > best_hits:
-            best_hits, best_c = a, c
-    emitted = [next_token] + (list(predictions[best_c][:best_hits]) if best_c >= 0 else [])
-    return Verdict(best_hits, best_c, emitted)
+        if best is None or (hits, -index) > (best[1], -best[2]):
+            best = row
+    deepest = [t for row in payloads for t in row[HEADER + suffix_len:HEADER + suffix_len + row[3]]]
+    if best is None:
+        return Decision([z], 0, -1, deepest)
+    hits = best[1]
+    return Decision([z] + list(best[HEADER:HEADER + hits]), hits, best[2], deepest)

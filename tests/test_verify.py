@@ -1,31 +1,51 @@
-from lp.verify import verify_greedy
+import torch
+
+from lp.verify import HEADER, decide, greedy_hits, pack_payload
+
+T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+
+
+def test_hits_per_candidate():
+    guesses = T([[5, 6, 9], [5, 6, 7], [4, 6, 7], [5, 1, 7]])
+    preds = T([[6, 7, 8], [6, 7, 8], [6, 7, 8], [6, 7, 8]])
+    assert greedy_hits(T(5), guesses, preds).tolist() == [2, 3, 0, 1]
+
+
+def payload(z, guesses, preds, first=0, deep=(), s=3, slots=4):
+    return pack_payload(T(z), T(guesses).view(-1, s), T(preds).view(-1, s), first, T(list(deep)), s, slots).tolist()
+
+
+def test_payload_layout_and_bonus_token():
+    p = payload(5, [[5, 6, 7], [5, 6, 9]], [[6, 7, 8], [6, 7, 8]], first=10, deep=[1, 2])
+    assert p[:HEADER] == [5, 3, 10, 2]          # all 3 guesses of candidate 10 match
+    assert p[HEADER:HEADER + 3] == [6, 7, 8]    # ...and 8 is the free 4th token
+    assert p[HEADER + 3:] == [1, 2, -1, -1]
+    d = decide([p], 3)
+    assert d.emitted == [5, 6, 7, 8] and d.hits == 3 and d.candidate == 10 and d.deepest == [1, 2]
 
 
 def test_no_candidates_emits_next_token():
-    v = verify_greedy(5, [], [])
-    assert v.emitted == [5] and v.hits == 0 and v.candidate == -1
+    d = decide([payload(5, [], [], deep=[3])], 3)
+    assert d.emitted == [5] and d.hits == 0 and d.candidate == -1 and d.deepest == [3]
 
 
-def test_longest_prefix_wins_and_bonus_token():
-    cands = [(5, 6, 9), (5, 6, 7), (4, 6, 7)]
-    preds = [[6, 7, 8], [6, 7, 8], [6, 7, 8]]    # argmax after g1, g2, g3 of each candidate
-    v = verify_greedy(5, cands, preds)
-    assert v.candidate == 1 and v.hits == 3
-    assert v.emitted == [5, 6, 7, 8]            # all 3 guesses match: the 4th token is free
+def test_ties_go_to_lowest_global_index():
+    local = payload(5, [[5, 1, 0], [5, 2, 0]], [[9, 0, 0], [2, 5, 0]])       # best local: index 1
+    assert local[:3] == [5, 2, 1]
+    a = payload(5, [[5, 2, 0]], [[2, 4, 0]], first=3, deep=[1])               # 2 hits at global 3
+    b = payload(5, [[5, 2, 1]], [[2, 4, 0]], first=1, deep=[2])               # 2 hits at global 1
+    d = decide([a, b], 3)
+    assert d.candidate == 1 and d.emitted == [5, 2, 4] and d.deepest == [1, 2]
 
 
-def test_ties_go_to_lowest_index():
-    cands = [(5, 1), (5, 2), (5, 3)]
-    preds = [[9, 0], [2, 0], [3, 0]]
-    v = verify_greedy(5, cands, preds)
-    assert v.candidate == 1 and v.hits == 2 and v.emitted == [5, 2, 0]
+def test_longest_hit_wins_across_ranks():
+    a = payload(5, [[5, 0, 0]], [[1, 1, 1]], first=0)
+    b = payload(5, [[5, 6, 7]], [[6, 7, 8]], first=1)
+    assert decide([a, b], 3).emitted == [5, 6, 7, 8]
 
 
-def test_first_token_mismatch_is_no_hit():
-    v = verify_greedy(5, [(6, 7)], [[7, 8]])
-    assert v.hits == 0 and v.emitted == [5]
-
-
-def test_partial_match():
-    v = verify_greedy(1, [(1, 2, 3, 4)], [[2, 9, 4, 5]])
-    assert v.hits == 2 and v.emitted == [1, 2, 9]
+def test_rank0_next_token_is_authoritative():
+    a = payload(5, [], [])
+    b = payload(6, [[6, 7, 8]], [[7, 8, 9]], first=0)    # disagrees with rank 0 on z*: no hit
+    d = decide([a, b], 3)
+    assert d.emitted == [5] and d.hits == 0

@@ -1,0 +1,105 @@
+"""Process group setup and the LP collectives (DESIGN.md section 5).
+
+`Comm` is the only thing the decode loop knows about other workers. With one
+worker (plain `python -m lp.run`) it does no communication at all; under
+torchrun it runs exactly two tensor collectives per round:
+
+- `share_candidates`: rank 0 broadcasts the round's candidates as one
+  fixed-size int64 tensor. It travels over a CPU (gloo) group, so ranks
+  other than 0 read it without a device-to-host sync.
+- `all_gather`: one `all_gather_into_tensor` of every rank's fixed-size int64
+  payload on the main group (NCCL on GPUs). Reading the result on the host is
+  the round's one device-to-host sync.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Comm:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"
+    group: object = None        # main group (payload all-gather)
+    cpu_group: object = None    # gloo group (candidates, prompts)
+    collectives: int = 0        # step-loop collectives issued
+    bytes_moved: int = 0        # bytes received by this rank in step-loop collectives
+
+    def share_candidates(self, candidates: list[tuple[int, ...]] | None,
+                         suffix_len: int, capacity: int) -> list[tuple[int, ...]]:
+        """Rank 0's candidate list, on every rank."""
+        if self.world == 1:
+            return candidates
+        buf = torch.full((1 + capacity * suffix_len,), -1, dtype=torch.long)
+        if self.rank == 0:
+            buf[0] = len(candidates)
+            if candidates:
+                buf[1:1 + len(candidates) * suffix_len] = torch.tensor(candidates, dtype=torch.long).flatten()
+        dist.broadcast(buf, 0, group=self.cpu_group)
+        self._count(buf)
+        count = int(buf[0])
+        return [tuple(row) for row in buf[1:1 + count * suffix_len].view(count, suffix_len).tolist()]
+
+    def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
+        """[world, L] stack of every rank's [L] payload."""
+        if self.world == 1:
+            return payload[None]
+        out = torch.empty(self.world * payload.numel(), dtype=payload.dtype, device=payload.device)
+        dist.all_gather_into_tensor(out, payload, group=self.group)
+        self._count(out)
+        return out.view(self.world, -1)
+
+    def share_ids(self, ids: list[int] | None) -> list[int] | None:
+        """Rank 0's token ids (or None, meaning 'no more work') on every rank; outside the step loop."""
+        if self.world == 1:
+            return ids
+        size = torch.tensor([-1 if ids is None else len(ids)], dtype=torch.long)
+        dist.broadcast(size, 0, group=self.cpu_group)
+        if size.item() < 0:
+            return None
+        buf = torch.tensor(ids, dtype=torch.long) if self.rank == 0 else torch.empty(size.item(), dtype=torch.long)
+        dist.broadcast(buf, 0, group=self.cpu_group)
+        return buf.tolist()
+
+    def _count(self, t: torch.Tensor) -> None:
+        self.collectives += 1
+        self.bytes_moved += t.numel() * t.element_size()
+
+
+def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: str = "auto") -> Comm:
+    """A Comm from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*),
+    or the one-worker Comm when not launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and "MASTER_ADDR" not in os.environ:
+        return Comm(device=_device(device, 0))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = _device(device, local)
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, timeout=timeout,
+                            device_id=dev if backend == "nccl" else None)
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    return Comm(rank, world, dev, backend, dist.group.WORLD, cpu_group)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _device(device: str, local_rank: int) -> torch.device:
+    if device == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if device == "cuda":
+        return torch.device(f"cuda:{local_rank}")
+    return torch.device(device)
