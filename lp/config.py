@@ -1,6 +1,6 @@
 """Job configuration: typed sections loaded from YAML, checked before any model work.
 
-A job file has five sections (every one optional; missing keys take the
+A job file has six sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
     model:      {name: smollm2-135m, dtype: float32, device: auto}
@@ -8,6 +8,7 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
     generation: {max_new_tokens: 256, stop: []}
     data:       {source: humaneval, offset: 0, limit: 20}   # or {source: jsonl, path: FILE}
     output:     {dir: runs/humaneval-smollm2}
+    distributed: {backend: auto, timeout_s: 300}   # used under torchrun
 
 `lookahead` and `generation` are the engine's own parameter classes
 (lp.engine.LookaheadParams / GenerationParams). Command-line overrides
@@ -42,6 +43,7 @@ from lp.models import DTYPES as _MODEL_DTYPES
 
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
 DATA_SOURCES = ("humaneval", "jsonl")
+BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -103,12 +105,27 @@ class OutputSection:
 
 
 @dataclass
+class DistributedSection:
+    backend: str = "auto"      # auto: nccl when CUDA is available, else gloo
+    timeout_s: float = 300.0   # collective timeout: a dead worker ends the others within this
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.backend not in BACKENDS:
+            out.append(f"distributed.backend: {self.backend!r} must be one of {', '.join(BACKENDS)}")
+        if not self.timeout_s > 0:
+            out.append(f"distributed.timeout_s: {self.timeout_s!r} must be > 0 (seconds)")
+        return out
+
+
+@dataclass
 class JobConfig:
     model: ModelSection = field(default_factory=ModelSection)
     lookahead: LookaheadParams = field(default_factory=LookaheadParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
     data: DataSection = field(default_factory=DataSection)
     output: OutputSection = field(default_factory=OutputSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain YAML/JSON-ready mapping (tuples become lists); load_config_dict inverts it."""
@@ -126,6 +143,7 @@ SECTIONS: dict[str, type] = {
     "generation": GenerationParams,
     "data": DataSection,
     "output": OutputSection,
+    "distributed": DistributedSection,
 }
 
 # ---------------------------------------------------------------- loading

@@ -25,6 +25,7 @@ import click
 
 from lp.config import ConfigError, JobConfig, load_config
 from lp.data import DataError, Prompt, load_prompts
+from lp.dist import Comm, init_distributed, shutdown
 from lp.engine import GenerationResult, lookahead_generate
 from lp.models import ModelLoadError, load_model
 
@@ -66,32 +67,48 @@ class JobOutput:
             self._results = None
 
 
-def run_job(cfg: JobConfig) -> dict[str, Any]:
-    """Run every prompt of the job and return the summary (also written to summary.json)."""
-    prompts = load_prompts(cfg.data)
-    logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
-    output = JobOutput(cfg.output.dir)
-    output.start(cfg)
+def run_job(cfg: JobConfig, comm: Comm | None = None) -> dict[str, Any] | None:
+    """Run every prompt of the job. Rank 0 reads the prompts, shares each one's ids
+    with the other ranks and writes the results; it returns the summary (also
+    written to summary.json), the other ranks return None."""
+    comm = comm or Comm()
+    lead = comm.rank == 0
+    prompts = load_prompts(cfg.data) if lead else []
+    if lead:
+        logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
+    output = JobOutput(cfg.output.dir) if lead else None
+    if output:
+        output.start(cfg)
     try:
         t0 = time.perf_counter()
-        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+        device = str(comm.device) if comm.world > 1 else cfg.model.device
+        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
         logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
-        records = []
-        for i, prompt in enumerate(prompts, start=1):
-            input_ids = loaded.tokenizer.encode(prompt.prompt)
+        records, queue = [], iter(prompts)
+        while True:
+            prompt = next(queue, None)
+            input_ids = comm.share_ids(loaded.tokenizer.encode(prompt.prompt) if prompt else None)
+            if input_ids is None:
+                break
             result = lookahead_generate(loaded.model, input_ids, cfg.lookahead, cfg.generation,
-                                        eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer)
+                                        eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer,
+                                        comm=comm)
+            if not lead:
+                continue
             record = result_record(prompt, input_ids, result)
             output.append(record)
             records.append(record)
             logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s",
-                        i, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
+                        len(records), len(prompts), prompt.task_id, result.new_tokens, result.forwards,
                         result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
                         result.finish_reason)
-        summary = summarize(records, cfg, loaded.name)
+        if not lead:
+            return None
+        summary = summarize(records, cfg, loaded.name, comm)
         output.finish(summary)
     finally:
-        output.close()
+        if output:
+            output.close()
     return summary
 
 
@@ -110,11 +127,14 @@ def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult
         "rounds": len(result.emitted_per_round),
         "emitted_per_round": list(result.emitted_per_round),
         "host_seconds": result.host_seconds,
-        "rows_per_round": sum(result.rows_per_round) / len(result.rows_per_round) if result.rows_per_round else 0.0,
+        "rows_per_round": _mean(result.rows_per_round),
+        "max_rows_per_round": _mean(result.max_rows_per_round),
+        "collectives": result.collectives,
+        "bytes_moved": result.bytes_moved,
     }
 
 
-def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm) -> dict[str, Any]:
     """Job totals; S is summed tokens over summed forwards (not a mean of per-prompt S)."""
     tokens = sum(r["new_tokens"] for r in records)
     forwards = sum(r["forwards"] for r in records)
@@ -130,11 +150,26 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str) ->
         "tokens_per_second": _rate(tokens, seconds),
         "rounds": rounds,
         "host_ms_per_round": 1000 * sum(r["host_seconds"] for r in records) / rounds if rounds else None,
-        "rows_per_round": sum(r["rows_per_round"] * r["rounds"] for r in records) / rounds if rounds else None,
+        "world_size": comm.world,
+        "backend": comm.backend,
+        # rank 0's rows per round (all ranks are balanced to within one column) and the busiest rank's
+        "rows_per_round": _per_round(records, "rows_per_round", rounds),
+        "max_rows_per_round": _per_round(records, "max_rows_per_round", rounds),
+        "collectives_per_round": sum(r["collectives"] for r in records) / rounds if rounds else None,
+        "bytes_per_round": sum(r["bytes_moved"] for r in records) / rounds if rounds else None,
         "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
         "lookahead": dataclasses.asdict(cfg.lookahead),
         "config": cfg.to_dict(),
     }
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _per_round(records: list[dict[str, Any]], key: str, rounds: int) -> float | None:
+    """A per-round mean over the whole job (records weighted by their rounds)."""
+    return sum(r[key] * r["rounds"] for r in records) / rounds if rounds else None
 
 
 def _rate(tokens: int, seconds: float) -> float | None:
@@ -153,6 +188,15 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def _rank_prefix(comm: Comm) -> str:
+    return f"rank {comm.rank}: " if comm.world > 1 else ""
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -177,11 +221,25 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
     try:
         cfg = load_config(config_path, overrides)
     except ConfigError as e:
-        _fail(str(e), 2)
+        if int(os.environ.get("RANK", "0")) == 0:
+            click.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
     try:
-        summary = run_job(cfg)
+        comm = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_s, cfg.model.device)
+    except Exception as e:  # noqa: BLE001  (rendezvous, backend or device problems)
+        _fail(f"distributed setup failed: {_one_line(e)}", 1)
+    try:
+        summary = run_job(cfg, comm)
     except (DataError, ModelLoadError, OSError) as e:
-        _fail(str(e), 1)
+        _fail(f"{_rank_prefix(comm)}{e}", 1)
+    except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
+        if comm.world == 1:
+            raise
+        _fail(f"{_rank_prefix(comm)}worker failed: {_one_line(e)}", 1)
+    finally:
+        shutdown()
+    if summary is None:
+        return
 
     out, n = JobOutput(cfg.output.dir), summary["prompts"]
     reasons = " ".join(f"{k}={v}" for k, v in sorted(summary["finish_reasons"].items()))
@@ -189,7 +247,11 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
                f"summary: {out.summary_path}\n"
                f"S = {_fmt(summary['compression'], '.3f')} ({summary['new_tokens']} tokens / "
                f"{summary['forwards']} forwards), {_fmt(summary['tokens_per_second'], '.1f')} tokens/s, "
-               f"host {_fmt(summary['host_ms_per_round'], '.2f')} ms/round, finish: {reasons}")
+               f"host {_fmt(summary['host_ms_per_round'], '.2f')} ms/round, finish: {reasons}\n"
+               f"world size {summary['world_size']} ({summary['backend']}), rows/round {_fmt(summary['rows_per_round'], '.1f')}"
+               f" (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
+               f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
+               f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round")
 
 if __name__ == "__main__":
     main()

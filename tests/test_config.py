@@ -41,6 +41,9 @@ BAD = [
     ("limit-zero", {"data": {"limit": 0}}, [], "data.limit:"),
     ("limit-string", {"data": {"limit": "all"}}, [], "data.limit:"),
     ("output-dir-empty", {"output": {"dir": ""}}, [], "output.dir:"),
+    ("backend", {"distributed": {"backend": "mpi"}}, [], "distributed.backend:"),
+    ("timeout-zero", {"distributed": {"timeout_s": 0}}, [], "distributed.timeout_s:"),
+    ("timeout-string", {"distributed": {"timeout_s": "5m"}}, [], "distributed.timeout_s:"),
     ("set-bad-range", {}, ["lookahead.window=0"], "lookahead.window:"),
     ("set-bad-type", {}, ["lookahead.pool_seeding=maybe"], "lookahead.pool_seeding:"),
     ("set-unknown-key", {}, ["generation.temperature=0.5"], "generation.temperature:"),
@@ -155,6 +158,7 @@ def test_round_trip_keeps_every_value(tmp_path):
         "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"]},
         "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None},
         "output": {"dir": "runs/x"},
+        "distributed": {"backend": "gloo", "timeout_s": 12.5},
     }
     cfg = load_config(write(tmp_path, mapping))
     assert cfg.to_dict() == mapping

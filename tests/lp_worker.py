@@ -1,0 +1,59 @@
+"""A torchrun worker for the LP tests: decodes the cases of a JSON spec with the
+real process group and writes what it saw to <out>/rank<r>.json.
+
+    torchrun --nproc 3 tests/lp_worker.py SPEC.json OUT_DIR
+"""
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lp.dist import init_distributed, shutdown
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import tiny_random_llama
+
+COLLECTIVES = [
+    "broadcast", "all_gather_into_tensor", "all_gather", "all_reduce", "reduce", "gather", "scatter",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "send", "recv", "isend", "irecv", "broadcast_object_list", "all_gather_object",
+    "gather_object", "scatter_object_list", "send_object_list", "recv_object_list",
+]
+calls = Counter()
+
+
+def count_collectives():
+    """Wrap every torch.distributed collective so each call is counted."""
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+
+        def wrapped(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+        setattr(dist, name, wrapped)
+
+
+def main(spec_path, out_dir):
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    comm = init_distributed("gloo", timeout_s=60)
+    model = tiny_random_llama(**spec["model"]).model.double()
+    count_collectives()
+    results = []
+    for case in spec["cases"]:
+        before = Counter(calls)
+        r = lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]),
+                               GenerationParams(case["max_new"]), eos_token_ids=case.get("eos", []), comm=comm)
+        results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
+                            forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,
+                            bytes=r.bytes_moved, rows=r.rows_per_round, max_rows=r.max_rows_per_round))
+    Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(dict(world=comm.world, results=results)))
+    shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

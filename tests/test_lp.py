@@ -1,0 +1,97 @@
+"""Lookahead Parallelism with real gloo process groups (torchrun), float64 tiny Llama:
+every world size gives the single-worker tokens AND per-round emitted counts."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import tiny_random_llama
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = {"vocab": 16, "seed": 1}
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 7, 7, 8, 9, 10], [3], [12, 4, 12, 4, 9, 1, 0, 5]]
+CONFIGS = [(1, 3, 5), (2, 4, 5), (5, 5, 15), (15, 4, 7), (3, 5, 0), (3, 7, 15)]   # (W, N, G); W < P included
+NEW = 32
+
+
+def single(model, case):
+    return lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]),
+                              GenerationParams(case["max_new"]), eos_token_ids=case.get("eos", []))
+
+
+def cut_cases(model):
+    """max_new_tokens and EOS falling inside a multi-token round."""
+    cases = []
+    for w, n, g in [(5, 5, 15), (2, 4, 5)]:
+        for prompt in PROMPTS:
+            base = dict(prompt=prompt, w=w, n=n, g=g, max_new=NEW)
+            r = single(model, base)
+            done = 0
+            for e in r.emitted_per_round:
+                if e >= 2:
+                    cases.append(dict(base, max_new=done + 1))
+                    eos = r.token_ids[done + 1]
+                    if eos not in r.token_ids[:done + 1]:
+                        cases.append(dict(base, eos=[eos]))
+                    break
+                done += e
+    return cases
+
+
+@pytest.fixture(scope="module")
+def cases_and_reference():
+    model = tiny_random_llama(**MODEL).model.double()
+    cases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for (w, n, g) in CONFIGS for p in PROMPTS]
+    cuts = cut_cases(model)
+    assert any("eos" in c for c in cuts) and any(c["max_new"] < NEW for c in cuts)
+    cases += cuts
+    return cases, [single(model, c) for c in cases]
+
+
+def torchrun(nproc, spec, tmp_path):
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / f"p{nproc}"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(ROOT / "tests" / "lp_worker.py"), str(spec_path), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 3, 4])
+def test_world_sizes_match_single_worker(nproc, cases_and_reference, tmp_path):
+    cases, reference = cases_and_reference
+    ranks = torchrun(nproc, {"model": MODEL, "cases": cases}, tmp_path)
+    assert all(r["world"] == nproc for r in ranks)
+    accepted_multi = 0
+    for i, (case, ref) in enumerate(zip(cases, reference)):
+        for rank in ranks:
+            got = rank["results"][i]
+            assert got["tokens"] == ref.token_ids, (nproc, case)
+            assert got["emitted"] == ref.emitted_per_round, (nproc, case)
+            assert got["finish"] == ref.finish_reason
+        accepted_multi += sum(e > 1 for e in ref.emitted_per_round)
+        if nproc > 1:   # the work really is split: no rank feeds the single worker's rows
+            got = ranks[0]["results"][i]
+            assert max(got["max_rows"]) <= max(ref.rows_per_round)
+    assert accepted_multi > 20
+
+
+def test_collectives_per_round(cases_and_reference, tmp_path):
+    """Exactly one broadcast and one all_gather_into_tensor per round, nothing else,
+    and the same fixed payload size every round."""
+    cases, _ = cases_and_reference
+    ranks = torchrun(2, {"model": MODEL, "cases": cases[:8]}, tmp_path)
+    for rank in ranks:
+        for got in rank["results"]:
+            rounds = got["forwards"]
+            assert got["calls"] == {"broadcast": rounds, "all_gather_into_tensor": rounds}
+            assert got["collectives"] == 2 * rounds
+            assert got["bytes"] % rounds == 0     # fixed shapes: the same bytes every round
