@@ -9,7 +9,8 @@ torchrun it runs exactly two tensor collectives per round:
   other than 0 read it without a device-to-host sync.
 - `all_gather`: one `all_gather_into_tensor` of every rank's fixed-size int64
   payload on the main group (NCCL on GPUs). Reading the result on the host is
-  the round's one device-to-host sync.
+  the round's one device-to-host sync. torch 2.13 renamed the call
+  `all_gather_single` (the old name warns); we use whichever this torch has.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Comm:
         if self.world == 1:
             return payload[None]
         out = torch.empty(self.world * payload.numel(), dtype=payload.dtype, device=payload.device)
-        dist.all_gather_into_tensor(out, payload, group=self.group)
+        _all_gather_single()(out, payload, group=self.group)
         self._count(out)
         return out.view(self.world, -1)
 
@@ -71,6 +72,10 @@ class Comm:
     def _count(self, t: torch.Tensor) -> None:
         self.collectives += 1
         self.bytes_moved += t.numel() * t.element_size()
+
+
+def _all_gather_single():
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: str = "auto") -> Comm:

@@ -16,7 +16,7 @@ from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
 
 COLLECTIVES = [
-    "broadcast", "all_gather_into_tensor", "all_gather", "all_reduce", "reduce", "gather", "scatter",
+    "broadcast", "all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce", "reduce", "gather", "scatter",
     "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
     "send", "recv", "isend", "irecv", "broadcast_object_list", "all_gather_object",
     "gather_object", "scatter_object_list", "send_object_list", "recv_object_list",

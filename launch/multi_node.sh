@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Several nodes: run this same command on every node. torchrun's c10d
+# rendezvous (hosted by the process on HEAD_ADDR) assigns the ranks; rank 0
+# (on whichever node gets it) reads the prompts and writes the results, so
+# output.dir must be on that node (or a shared filesystem).
+#   NNODES=2 NPROC=8 HEAD_ADDR=node0 JOB_ID=lp-42 launch/multi_node.sh --config configs/X.yaml
+set -euo pipefail
+: "${NNODES:?number of nodes}" "${HEAD_ADDR:?host name or address of the rendezvous node}"
+NPROC=${NPROC:-8}
+PORT=${PORT:-29500}
+JOB_ID=${JOB_ID:-lp}
+exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC" \
+    --rdzv-backend=c10d --rdzv-endpoint="$HEAD_ADDR:$PORT" --rdzv-id="$JOB_ID" \
+    -m lp.run "$@"

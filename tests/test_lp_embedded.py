@@ -1,0 +1,36 @@
+"""The embedded job through `torchrun --nproc 2 -m lp.run` gives the P = 1 completions
+(SmolLM2-135M, float32, 5 HumanEval prompts). Slow: minutes on two CPU cores."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run_job(tmp_path, name, nproc):
+    out = tmp_path / name
+    sets = ["data.limit=5", "generation.max_new_tokens=128", f"output.dir={out}", "model.device=cpu"]
+    job = ["-m", "lp.run", "--config", str(ROOT / "configs" / "humaneval-smollm2.yaml"), "--quiet"]
+    for s in sets:
+        job += ["--set", s]
+    if nproc == 1:
+        cmd = [sys.executable] + job
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] + job
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3000, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_torchrun_two_workers_match_one(tmp_path):
+    one = run_job(tmp_path, "p1", 1)
+    two = run_job(tmp_path, "p2", 2)
+    assert [r["task_id"] for r in two] == [r["task_id"] for r in one]
+    assert [r["completion"] for r in two] == [r["completion"] for r in one]
+    assert [r["token_ids"] for r in two] == [r["token_ids"] for r in one]
