@@ -21,9 +21,10 @@ from lp.dist import Comm
 from lp.kv_cache import cache_length, crop, forward_logits, new_cache, publish
 from lp.layout import build_round, pack
 from lp.pool import NGramPool, sequence_ngrams
-from lp.shard import shard_plan
+from lp.sampling import Draws, distribution, group_by_first_token, group_starts, verify_sampling, warpers
+from lp.shard import shard_plan, snap_to_groups
 from lp.stopping import StopChecker
-from lp.verify import decide, pack_payload
+from lp.verify import decide, greedy_verdict, pack_payload
 from lp.window import JacobiWindow
 
 
@@ -51,11 +52,32 @@ class GenerationParams:
     """Config section `generation`."""
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    # how a job decodes: "lookahead" (this module) or "autoregressive" (transformers generate,
+    # lp.baseline); lookahead_generate itself ignores it
+    method: str = "lookahead"
+    temperature: float = 0.0   # 0: greedy; else sample (temperature, then top_k, then top_p, as generate)
+    top_k: int = 0             # 0: off
+    top_p: float = 1.0         # 1: off
+    seed: int = 0              # draws are a function of (seed, request, round, offset)
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
 
     def problems(self) -> list[str]:
         out = []
         if self.max_new_tokens < 1:
             out.append(f"generation.max_new_tokens: {self.max_new_tokens!r} must be >= 1")
+        if self.method not in ("lookahead", "autoregressive"):
+            out.append(f"generation.method: {self.method!r} must be one of lookahead, autoregressive")
+        if self.temperature < 0:
+            out.append(f"generation.temperature: {self.temperature!r} must be >= 0 (0 is greedy)")
+        if self.top_k < 0:
+            out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
+        if not 0 < self.top_p <= 1:
+            out.append(f"generation.top_p: {self.top_p!r} must be in (0, 1] (1 is off)")
+        if self.seed < 0:
+            out.append(f"generation.seed: {self.seed!r} must be >= 0")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append(f"generation.stop: {list(self.stop)!r} must be non-empty strings")
         return out
@@ -106,9 +128,12 @@ def lookahead_generate(
     eos_token_ids: Sequence[int] = (),
     tokenizer=None,
     comm: Comm | None = None,
+    request: str | int = 0,
 ) -> GenerationResult:
-    """Decode `input_ids` greedily with lookahead. With a multi-worker `comm` every
-    rank calls this with the same arguments; rank 0 alone holds the pool."""
+    """Decode `input_ids` with lookahead: greedy, or exact sampling when
+    `generation.temperature` > 0 (`request` names the request in the random
+    draws). With a multi-worker `comm` every rank calls this with the same
+    arguments; rank 0 alone holds the pool."""
     check(lookahead, generation)
     comm = comm or Comm()
     prompt = [int(t) for t in input_ids]
@@ -129,6 +154,8 @@ def lookahead_generate(
     if pool is not None and lookahead.pool_seeding:
         pool.update(sequence_ngrams(tokens, n))
         seeded = max(len(tokens) - n + 1, 0)
+    warp = warpers(generation.temperature, generation.top_k, generation.top_p) if generation.sampling else None
+    draws = Draws(generation.seed, request)
     result = GenerationResult([], None, "", 0)
     collectives, bytes_moved = comm.collectives, comm.bytes_moved
     start = time.perf_counter()
@@ -139,20 +166,34 @@ def lookahead_generate(
         past = cache_length(cache)
         candidates = comm.share_candidates(pool.candidates(x_t, g) if pool is not None else None, s, g)
         plan = shard_plan(comm.world, window.columns, window.depth, len(candidates), s, len(ordinary))
+        if warp is not None:     # an LP rank must hold every candidate that shares a first token
+            candidates = group_by_first_token(candidates)
+            plan = snap_to_groups(plan, group_starts(candidates), s)
         mine = plan[comm.rank]
         guesses = candidates[mine.candidates.start:mine.candidates.stop]
         rnd = build_round(ordinary, len(tokens) - 1, window.levels, guesses, columns=mine.columns)
         ids, pos, mask, keep = pack(rnd, past, model.dtype, device)
 
         forward_start = time.perf_counter()
-        predicted = forward_logits(model, ids, pos, mask, cache, keep).argmax(-1)
+        logits = forward_logits(model, ids, pos, mask, cache, keep)
+        predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
         at = {row: k for k, row in enumerate(rnd.logit_rows)}
         index = lambda rows: torch.tensor([at[r] for r in rows], dtype=torch.long, device=device)  # noqa: E731
-        payload = pack_payload(
-            predicted[at[rnd.last_ordinary]],
-            torch.tensor(guesses, dtype=torch.long, device=device).view(len(guesses), s),
-            predicted[index([r for rows in rnd.cand_rows for r in rows])].view(len(guesses), s),
-            mine.candidates.start, predicted[index(rnd.deep_rows)], s, deep_slots)
+        if warp is None:
+            head, after = greedy_verdict(
+                predicted[at[rnd.last_ordinary]],
+                torch.tensor(guesses, dtype=torch.long, device=device).view(len(guesses), s),
+                predicted[index([r for rows in rnd.cand_rows for r in rows])].view(len(guesses), s),
+                mine.candidates.start)
+        else:
+            first = mine.candidates.start
+            sampled = verify_sampling(
+                distribution(logits[at[rnd.last_ordinary]], warp), candidates,
+                lambda c, o: distribution(logits[at[rnd.cand_rows[c - first][o]]], warp),
+                draws, result.forwards, owned=lambda c: c in mine.candidates)
+            head = torch.tensor([sampled.emitted[0], sampled.hits, sampled.survivor])
+            after = torch.tensor((sampled.emitted[1:] + [0] * s)[:s])
+        payload = pack_payload(head, after, predicted[index(rnd.deep_rows)], deep_slots)
         decision = decide(comm.all_gather(payload).tolist(), s)   # the round's one sync
         forward_seconds = time.perf_counter() - forward_start
 

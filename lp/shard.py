@@ -85,3 +85,19 @@ def _split(world, columns, depth, candidates, suffix_len, ordinary, bound):
                             base[k] + counts[k] * suffix_len))
         first += counts[k]
     return tuple(shards)
+
+
+def snap_to_groups(plan: tuple[Shard, ...], starts: list[int], suffix_len: int) -> tuple[Shard, ...]:
+    """Move each rank's candidate cut to the nearest group start (ties: the earlier),
+    so that candidates of one group stay on one rank."""
+    cuts, first = [], 0
+    for sh in plan[:-1]:
+        want = sh.candidates.stop
+        cut = min((abs(b - want), b) for b in starts if b >= first)[1]
+        cuts.append(cut)
+        first = cut
+    bounds = [0] + cuts + [starts[-1] if starts else 0]
+    return tuple(
+        Shard(sh.columns, range(bounds[k], bounds[k + 1]),
+              sh.rows + (bounds[k + 1] - bounds[k] - len(sh.candidates)) * suffix_len)
+        for k, sh in enumerate(plan))

@@ -24,22 +24,27 @@ def greedy_hits(next_token: torch.Tensor, guesses: torch.Tensor, predictions: to
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
-def pack_payload(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor,
-                 first_candidate: int, deepest: torch.Tensor, suffix_len: int, deep_slots: int) -> torch.Tensor:
-    """One worker's fixed-size int64 payload: [z*, hits, global index, deepest count,
-    the best candidate's S predictions, deepest outputs padded to `deep_slots`]."""
-    device = next_token.device
+def greedy_verdict(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor,
+                   first_candidate: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head [z*, hits, global index], the best candidate's S predictions), on the device."""
     if guesses.shape[0]:
         hits = greedy_hits(next_token, guesses, predictions)
         best = hits.argmax()                    # first maximum: ties go to the lowest index
-        head = torch.stack([next_token, hits[best], best + first_candidate])
-        preds = predictions[best]
-    else:
-        head = torch.stack([next_token, torch.zeros_like(next_token), torch.zeros_like(next_token)])
-        preds = torch.zeros(suffix_len, dtype=torch.long, device=device)
+        return torch.stack([next_token, hits[best], best + first_candidate]), predictions[best]
+    zero = torch.zeros_like(next_token)
+    return torch.stack([next_token, zero, zero]), torch.zeros(guesses.shape[1], dtype=torch.long,
+                                                              device=next_token.device)
+
+
+def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
+                 deep_slots: int) -> torch.Tensor:
+    """One worker's fixed-size int64 payload: [z, hits, global candidate index,
+    deepest count, S tokens emitted after z (the first `hits` are valid),
+    deepest outputs padded to `deep_slots`]."""
+    device = deepest.device
     count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
     pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
-    return torch.cat([head, count, preds, deepest, pad])
+    return torch.cat([head.to(device), count, emitted_after.to(device), deepest, pad])
 
 
 class Decision(NamedTuple):

@@ -46,8 +46,9 @@ def main(spec_path, out_dir):
     results = []
     for case in spec["cases"]:
         before = Counter(calls)
-        r = lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]),
-                               GenerationParams(case["max_new"]), eos_token_ids=case.get("eos", []), comm=comm)
+        gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
+        r = lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]), gen,
+                               eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0))
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
                             forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,
                             bytes=r.bytes_moved, rows=r.rows_per_round, max_rows=r.max_rows_per_round))

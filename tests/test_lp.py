@@ -1,9 +1,11 @@
 """Lookahead Parallelism with real gloo process groups (torchrun), float64 tiny Llama:
 every world size gives the single-worker tokens AND per-round emitted counts."""
+import itertools
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,34 @@ def test_collectives_per_round(cases_and_reference, tmp_path):
             assert got["calls"] == {"broadcast": rounds, gather: rounds}
             assert got["collectives"] == 2 * rounds
             assert got["bytes"] % rounds == 0     # fixed shapes: the same bytes every round
+
+
+def test_sampling_two_workers_match_one(tmp_path):
+    """Same seed and request: P = 2 draws exactly the P = 1 samples (so they share its
+    distribution, checked against the model's own joint in test_sampling.py)."""
+    from test_sampling import PROMPT, chi_square_p, exact_joint
+
+    model_spec = {"vocab": 8, "seed": 2}
+    model = tiny_random_llama(**model_spec).model.double()
+    sampling = {"temperature": 1.3, "top_k": 5, "top_p": 0.9, "seed": 11}
+    n = 1500
+    cases = [dict(prompt=PROMPT, w=3, n=3, g=4, max_new=3, sampling=sampling, request=i) for i in range(n)]
+    cases += [dict(prompt=[t % 8 for t in p], w=w, n=nn, g=g, max_new=24, sampling=sampling, request=f"long{i}")
+              for i, (p, (w, nn, g)) in enumerate(itertools.product(PROMPTS[:2], CONFIGS[:4]))]
+    single_runs = [lookahead_generate(model, c["prompt"], LookaheadParams(c["w"], c["n"], c["g"]),
+                                      GenerationParams(c["max_new"], **sampling), request=c["request"])
+                   for c in cases]
+    ranks = torchrun(2, {"model": model_spec, "cases": cases}, tmp_path)
+    multi = 0
+    for i, ref in enumerate(single_runs):
+        for rank in ranks:
+            assert rank["results"][i]["tokens"] == ref.token_ids, cases[i]
+            assert rank["results"][i]["emitted"] == ref.emitted_per_round, cases[i]
+        multi += sum(e > 1 for e in ref.emitted_per_round)
+    assert multi > n // 10
+    joint = exact_joint(model, PROMPT, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+    counts = Counter(tuple(r["tokens"]) for r in ranks[0]["results"][:n])
+    cells = sorted(joint)
+    p_value = chi_square_p([counts[c] for c in cells], [n * joint[c] for c in cells])
+    print(f"P=2 sampling: chi-square p = {p_value:.3f}")
+    assert p_value > 1e-3

@@ -1,6 +1,6 @@
 import torch
 
-from lp.verify import HEADER, decide, greedy_hits, pack_payload
+from lp.verify import HEADER, decide, greedy_hits, greedy_verdict, pack_payload
 
 T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
 
@@ -12,7 +12,8 @@ def test_hits_per_candidate():
 
 
 def payload(z, guesses, preds, first=0, deep=(), s=3, slots=4):
-    return pack_payload(T(z), T(guesses).view(-1, s), T(preds).view(-1, s), first, T(list(deep)), s, slots).tolist()
+    head, after = greedy_verdict(T(z), T(guesses).view(-1, s), T(preds).view(-1, s), first)
+    return pack_payload(head, after, T(list(deep)), slots).tolist()
 
 
 def test_payload_layout_and_bonus_token():

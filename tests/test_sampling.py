@@ -1,0 +1,163 @@
+"""Exact sampling: the verifier's output distribution equals the target's, by exact
+enumeration and by Monte Carlo of the real code; end to end, lookahead sampling
+reproduces the model's own joint distribution of the first tokens."""
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import tiny_random_llama
+from lp.sampling import Draws, distribution, group_by_first_token, try_proposals, verify_sampling, warpers
+
+A, B, C, D = 0, 1, 2, 3
+P = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)
+
+
+def enumerate_verifier(p, proposals):
+    """Output distribution of 'test distinct proposals in order as one-hot drafts,
+    residual on rejection', by walking every branch (independent of lp's code)."""
+    out = torch.zeros_like(p)
+    reach, q = 1.0, p / p.sum()
+    for t in dict.fromkeys(proposals):
+        out[t] += reach * q[t]
+        reach *= 1 - q[t]
+        q = q.clone()
+        q[t] = 0
+        if q.sum() == 0:
+            return out
+        q = q / q.sum()
+    return out + reach * q
+
+
+def chi_square_p(observed, expected):
+    """Pearson chi-square p-value; cells with expected < 5 pooled into one."""
+    observed, expected = torch.as_tensor(observed, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64)
+    assert observed[expected == 0].sum() == 0, "samples outside the support"
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    small = expected < 5
+    if small.any():
+        observed = torch.cat([observed[~small], observed[small].sum()[None]])
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    stat = ((observed - expected) ** 2 / expected).sum()
+    df = len(expected) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def test_enumeration_of_the_frozen_example_equals_p():
+    assert torch.allclose(enumerate_verifier(P, [A, A, B]), P, atol=1e-15)
+
+
+@pytest.mark.parametrize("proposals", [[A, A, B], [D], [C, B, A, D], []])
+def test_verifier_monte_carlo_matches_p(proposals):
+    draws = Draws(seed=7, request="mc")
+    n = 20000
+    counts = Counter(try_proposals(P, proposals, lambda i, r=r: draws.uniform(r, 0, i))[0] for r in range(n))
+    p_value = chi_square_p([counts[t] for t in range(4)], (P * n).tolist())
+    print(f"proposals {proposals}: chi-square p = {p_value:.3f}")
+    assert p_value > 1e-3
+
+
+def test_draws_depend_only_on_their_address():
+    a, b = Draws(1, "x"), Draws(1, "x")
+    assert [a.uniform(3, 1, i) for i in range(5)] == [b.uniform(3, 1, i) for i in range(5)]
+    assert a.uniform(3, 1, 0) != a.uniform(3, 2, 0) != Draws(2, "x").uniform(3, 1, 0)
+    assert all(0 <= a.uniform(r, 0, 0) < 1 for r in range(100))
+
+
+def test_grouping_keeps_first_appearance_order():
+    cands = [(5, 1), (6, 1), (5, 2), (7, 0), (6, 3)]
+    assert group_by_first_token(cands) == [(5, 1), (5, 2), (6, 1), (6, 3), (7, 0)]
+
+
+def test_multi_offset_verifier_enumerated():
+    """Two offsets: the joint of (first, second) emitted tokens equals p1 x p2 when
+    the second-offset rows are the true conditionals."""
+    p1 = P
+    cond = {t: torch.roll(P, t) for t in range(4)}          # p(second | first)
+    cands = [(A, B), (A, C), (B, D)]
+    n = 20000
+    counts = Counter()
+    for r in range(n):
+        res = verify_sampling(p1, cands, lambda c, s: cond[cands[c][s]], Draws(3, "joint"), r)
+        second = res.emitted[1] if len(res.emitted) > 1 else None
+        if second is None:   # offset-0 token was a residual draw: sample the next one from its conditional
+            second = try_proposals(cond[res.emitted[0]], [], lambda i, r=r: Draws(4, "x").uniform(r, 0, i))[0]
+        counts[(res.emitted[0], second)] += 1
+    expected = [n * p1[a] * cond[a][b] for a in range(4) for b in range(4)]
+    observed = [counts[(a, b)] for a in range(4) for b in range(4)]
+    assert chi_square_p(observed, expected) > 1e-3
+
+
+# ---------------------------------------------------------------- end to end
+
+VOCAB, NEW, PROMPT = 8, 3, [3, 5, 3, 5, 3, 6, 3, 5, 3]
+
+
+@pytest.fixture(scope="module")
+def model8():
+    return tiny_random_llama(vocab=VOCAB, seed=2).model.double()
+
+
+def exact_joint(model, prompt, temperature, top_k, top_p):
+    """P(t1, t2, t3) from the model's own conditionals with the same warping."""
+    warp = warpers(temperature, top_k, top_p)
+    cond = lambda seq: distribution(model(input_ids=torch.tensor([seq])).logits[0, -1], warp)  # noqa: E731
+    joint = {}
+    with torch.no_grad():
+        p1 = cond(prompt)
+        for a in range(VOCAB):
+            if p1[a] == 0:
+                continue
+            p2 = cond(prompt + [a])
+            for b in range(VOCAB):
+                if p2[b] == 0:
+                    continue
+                p3 = cond(prompt + [a, b])
+                for c in range(VOCAB):
+                    joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return joint
+
+
+def sample_many(model, gen, n, comm=None):
+    outs, multi = [], 0
+    for i in range(n):
+        r = lookahead_generate(model, PROMPT, LookaheadParams(3, 3, 4), gen, request=i, comm=comm)
+        outs.append(tuple(r.token_ids))
+        multi += sum(e > 1 for e in r.emitted_per_round)
+    return outs, multi
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 0, 0.7), (1.3, 5, 0.9)])
+def test_lookahead_sampling_matches_the_models_joint(model8, temperature, top_k, top_p):
+    n = 3000
+    gen = GenerationParams(NEW, temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
+    outs, multi = sample_many(model8, gen, n)
+    assert multi > n // 10          # the pool really hits: many rounds emit several tokens
+    joint = exact_joint(model8, PROMPT, temperature, top_k, top_p)
+    cells = sorted(joint)
+    counts = Counter(outs)
+    assert set(counts) <= set(cells)                       # nothing outside the support
+    p_value = chi_square_p([counts[c] for c in cells], [n * joint[c] for c in cells])
+    print(f"T={temperature} top_k={top_k} top_p={top_p}: chi-square p = {p_value:.3f}, multi-token rounds {multi}")
+    assert p_value > 1e-3
+
+
+def test_same_seed_same_output_and_seed_matters(model8):
+    gen = GenerationParams(16, temperature=1.0, seed=5)
+    a = lookahead_generate(model8, PROMPT, LookaheadParams(4, 4, 4), gen, request="q")
+    b = lookahead_generate(model8, PROMPT, LookaheadParams(4, 4, 4), gen, request="q")
+    assert a.token_ids == b.token_ids and a.emitted_per_round == b.emitted_per_round
+    others = {tuple(lookahead_generate(model8, PROMPT, LookaheadParams(4, 4, 4),
+                                       GenerationParams(16, temperature=1.0, seed=s), request="q").token_ids)
+              for s in range(6, 10)}
+    assert len(others | {tuple(a.token_ids)}) > 1
+
+
+def test_temperature_zero_is_greedy(model8):
+    greedy = lookahead_generate(model8, PROMPT, LookaheadParams(4, 4, 4), GenerationParams(12))
+    x = torch.tensor([PROMPT])
+    ref = model8.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12,
+                          eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert greedy.token_ids == ref
