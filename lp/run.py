@@ -1,121 +1,252 @@
-"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet]`.
+"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh]`.
 
-Order of work, cheapest checks first: config (exit 2 on any problem), prompts,
-output directory (config.yaml written there), model, then one lookahead
-generation per prompt. Each prompt's record is appended to
-<output.dir>/results.jsonl as soon as it is done (flushed and fsynced);
-summary.json is written atomically at the end.
+Order of work, cheapest checks first: config (exit 2 on any problem), prompts
+(exit 1 when the data file is missing), the output directory (resume check:
+exit 2 when it holds results of a different config, unless --force), model
+(exit 1 when it cannot be loaded), then one generation per prompt not yet in
+results.jsonl. A prompt that cannot be decoded (empty, longer than the
+model's context, a bad JSONL line) gets an error record and the job goes on.
+Each record is appended to <output.dir>/results.jsonl as soon as it is done
+(flushed and fsynced); when every prompt has a record, summary.json and
+samples.jsonl are written from that file (so a resumed job gets the same
+summary as an uninterrupted one), after the optional HumanEval evaluation.
 
-All file output goes through JobOutput, so a multi-process launch can give
-rank 0 the real one and the other ranks none.
+Under torchrun rank 0 reads the prompts, owns the output directory and sends
+each decodable prompt (its job index and ids) to the other ranks; a prompt it
+rejects is never sent, so the others are unaffected. Before the model is
+loaded rank 0 sends one go/stop message, so a startup error on rank 0 ends
+the other ranks at once instead of at the collective timeout. Every rank runs
+the same decodes in the same order: lookahead together, autoregressive and
+baseline decodes each on its own replica (identical work, so the ranks stay in
+step for the next prompt).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
+from lp.baseline import autoregressive_generate
 from lp.config import ConfigError, JobConfig, load_config
 from lp.data import DataError, Prompt, load_prompts
 from lp.dist import Comm, init_distributed, shutdown
 from lp.engine import GenerationResult, lookahead_generate
-from lp.models import ModelLoadError, load_model
+from lp.models import LoadedModel, ModelLoadError, load_model
+from lp.results import JobDir, JobDirError, ResumeRefused
 
 logger = logging.getLogger("lp.run")
 
-RESULTS_FILE = "results.jsonl"
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.yaml"
 
 
-class JobOutput:
-    """The files of one job under output.dir: config.yaml, results.jsonl, summary.json."""
-
-    def __init__(self, directory: str | Path):
-        self.dir = Path(directory)
-        self.results_path = self.dir / RESULTS_FILE
-        self.summary_path = self.dir / SUMMARY_FILE
-        self.config_path = self.dir / CONFIG_FILE
-        self._results = None
-
-    def start(self, cfg: JobConfig) -> None:
-        """Create the directory, save the resolved config, start an empty results file."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.config_path, cfg.to_yaml())
-        self._results = self.results_path.open("w", encoding="utf-8")
-
-    def append(self, record: dict[str, Any]) -> None:
-        self._results.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._results.flush()
-        os.fsync(self._results.fileno())
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        self.close()
-        _write_atomic(self.summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-
-    def close(self) -> None:
-        if self._results is not None:
-            self._results.close()
-            self._results = None
+class JobError(RuntimeError):
+    """A job that cannot start for a reason found after loading the model (exit 1)."""
 
 
-def run_job(cfg: JobConfig, comm: Comm | None = None) -> dict[str, Any] | None:
-    """Run every prompt of the job. Rank 0 reads the prompts, shares each one's ids
-    with the other ranks and writes the results; it returns the summary (also
-    written to summary.json), the other ranks return None."""
+def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fresh: bool = False,
+            progress: bool = False) -> dict[str, Any] | None:
+    """Run every prompt of the job that has no record yet. Rank 0 returns the summary
+    (also written to summary.json); the other ranks return None."""
     comm = comm or Comm()
     lead = comm.rank == 0
-    prompts = load_prompts(cfg.data) if lead else []
+    job, prompts, failure = None, [], None
     if lead:
-        logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
-    output = JobOutput(cfg.output.dir) if lead else None
-    if output:
-        output.start(cfg)
+        try:
+            prompts = load_prompts(cfg.data)
+            logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
+            job = JobDir(cfg.output.dir)
+            job.open(cfg, force=force, fresh=fresh)
+        except (DataError, JobDirError, ResumeRefused, OSError) as e:
+            failure = e
+    if comm.world > 1 and comm.share_ids(None if failure else [1]) is None:  # go / stop for every rank
+        if lead:
+            raise failure
+        return None
+    if failure:
+        raise failure
     try:
         t0 = time.perf_counter()
         device = str(comm.device) if comm.world > 1 else cfg.model.device
         loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+        if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
+            raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
         logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
-        records, queue = [], iter(prompts)
-        while True:
-            prompt = next(queue, None)
-            input_ids = comm.share_ids(loaded.tokenizer.encode(prompt.prompt) if prompt else None)
-            if input_ids is None:
-                break
-            result = lookahead_generate(loaded.model, input_ids, cfg.lookahead, cfg.generation,
-                                        eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer,
-                                        comm=comm)
-            if not lead:
-                continue
-            record = result_record(prompt, input_ids, result)
-            output.append(record)
-            records.append(record)
-            logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s",
-                        len(records), len(prompts), prompt.task_id, result.new_tokens, result.forwards,
-                        result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
-                        result.finish_reason)
         if not lead:
+            _follow(cfg, loaded, comm)
             return None
-        summary = summarize(records, cfg, loaded.name, comm)
-        output.finish(summary)
+        _lead(cfg, loaded, comm, prompts, job, progress)
+        records = job.job_records(p.task_id for p in prompts)
+        evaluation = None
+        if cfg.output.evaluate:
+            from lp.evaluate import evaluate_humaneval
+
+            logger.info("evaluating %d completions (HumanEval tests)", len(records))
+            evaluation = evaluate_humaneval(records, cfg.output.evaluate_timeout_s)
+        summary = summarize(records, cfg, loaded.name, comm, evaluation)
+        job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
+                             for r in records if r["finish_reason"] != "error"], evaluation)
+        return summary
     finally:
-        if output:
-            output.close()
-    return summary
+        if job:
+            job.close()
 
 
-def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult) -> dict[str, Any]:
+# ---- the prompt loop --------------------------------------------------------------------------------------
+
+
+def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
+          progress: bool) -> None:
+    """Rank 0: decode (and share) every prompt without a record, append each record."""
+    index = {p.task_id: i for i, p in enumerate(prompts, start=cfg.data.offset)}
+    todo = [p for p in prompts if p.task_id not in job.records]
+    if job.kept:
+        logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
+                    len(prompts), len(todo))
+    limit = context_limit(loaded.model)
+    bar = Progress(len(prompts), len(prompts) - len(todo), enabled=progress)
+    shared = 0  # prompts sent to the other ranks (they count the same)
+    try:
+        for prompt in todo:
+            ids, error = encode_prompt(prompt, loaded, cfg, limit)
+            if error is not None:
+                job.append(error_record(prompt, error, ids, cfg.generation.method))
+                logger.warning("%s: error: %s", prompt.task_id, error)
+                bar.advance()
+                continue
+            comm.share_ids([index[prompt.task_id], *ids])
+            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared)
+            shared += 1
+            record = result_record(prompt, ids, result, cfg.generation.method, base)
+            job.append(record)
+            bar.advance(result)
+            logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
+                        bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
+                        result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
+                        result.finish_reason,
+                        "" if base is None else f", baseline {_rate(base.new_tokens, base.decode_seconds) or 0:.1f}"
+                                                f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
+    finally:
+        bar.close()
+    comm.share_ids(None)  # no more work
+
+
+def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
+    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work."""
+    shared = 0
+    while (message := comm.share_ids(None)) is not None:
+        decode(cfg, loaded, message[1:], comm, message[0], shared)
+        shared += 1
+
+
+def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
+           shared: int) -> tuple[GenerationResult, GenerationResult | None]:
+    """The job's decode of one prompt, and the baseline's when enabled. The baseline goes first on
+    every other prompt, so warm-up and load drift do not favour either side."""
+    def main() -> GenerationResult:
+        if cfg.generation.method == "autoregressive":
+            return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
+                                           tokenizer=loaded.tokenizer, request=request)
+        return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
+                                  eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
+                                  request=request)
+
+    def baseline() -> GenerationResult:
+        return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
+                                       tokenizer=loaded.tokenizer, request=request)
+
+    if not cfg.baseline.enabled:
+        return main(), None
+    if shared % 2:
+        result = main()
+        return result, baseline()
+    base = baseline()
+    return main(), base
+
+
+def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
+                  limit: int | None) -> tuple[list[int] | None, str | None]:
+    """(prompt ids, None), or (ids or None, why this prompt cannot be decoded)."""
+    if prompt.error is not None:
+        return None, prompt.error
+    if not prompt.prompt:
+        return None, "prompt is empty"
+    tok = loaded.tokenizer
+    try:
+        if cfg.data.chat_template:
+            text = tok.apply_chat_template([{"role": "user", "content": prompt.prompt}],
+                                           add_generation_prompt=True, tokenize=False)
+            ids = list(tok.encode(text, add_special_tokens=False))
+        else:
+            ids = list(tok.encode(prompt.prompt))
+    except Exception as e:  # noqa: BLE001  (a tokenizer that rejects this text)
+        return None, f"cannot tokenize the prompt: {_one_line(e)}"
+    if not ids:
+        return ids, "prompt encodes to no tokens"
+    budget = None if limit is None else limit - cfg.generation.max_new_tokens
+    if budget is not None and len(ids) > budget:
+        return ids, (f"prompt has {len(ids)} tokens, more than the model's context of {limit} positions "
+                     f"minus generation.max_new_tokens={cfg.generation.max_new_tokens} allows ({max(budget, 0)})")
+    return ids, None
+
+
+def context_limit(model) -> int | None:
+    """The model's context length in positions, when its config says."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class Progress:
+    """A tqdm bar over the job's prompts on rank 0 with live tokens/s and S (this run's prompts)."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.done, self.tokens, self.forwards, self.seconds = done, 0, 0, 0.0
+        self.bar = self._redirect = None
+        if enabled:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="prompt", desc="decoding", file=sys.stderr,
+                            dynamic_ncols=True)
+            self._redirect = logging_redirect_tqdm()  # log lines print above the bar
+            self._redirect.__enter__()
+
+    def advance(self, result: GenerationResult | None = None) -> None:
+        self.done += 1
+        if result is not None:
+            self.tokens += result.new_tokens
+            self.forwards += result.forwards
+            self.seconds += result.decode_seconds
+        if self.bar is not None:
+            if self.forwards:
+                self.bar.set_postfix_str(f"{_rate(self.tokens, self.seconds) or 0:.1f} tok/s, "
+                                         f"S={self.tokens / self.forwards:.2f}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self._redirect.__exit__(None, None, None)
+            self.bar = None
+
+
+# ---- records and summary ---------------------------------------------------------------------------------
+
+
+def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult, method: str = "lookahead",
+                  baseline: GenerationResult | None = None) -> dict[str, Any]:
     """One results.jsonl line."""
-    return {
+    record = {
         "task_id": prompt.task_id,
+        "line": prompt.line,
         "prompt_tokens": len(input_ids),
         "completion": result.text,
         "token_ids": list(result.token_ids),
@@ -124,43 +255,101 @@ def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult
         "compression": result.compression,
         "decode_seconds": result.decode_seconds,
         "finish_reason": result.finish_reason,
+        "error": None,
+        "method": method,
         "rounds": len(result.emitted_per_round),
         "emitted_per_round": list(result.emitted_per_round),
-        "host_seconds": result.host_seconds,
+        "host_seconds": result.host_seconds if method == "lookahead" else None,
         "rows_per_round": _mean(result.rows_per_round),
         "max_rows_per_round": _mean(result.max_rows_per_round),
         "collectives": result.collectives,
         "bytes_moved": result.bytes_moved,
     }
+    if baseline is not None:
+        record.update({
+            "baseline_token_ids": list(baseline.token_ids),
+            "baseline_new_tokens": baseline.new_tokens,
+            "baseline_decode_seconds": baseline.decode_seconds,
+            "baseline_finish_reason": baseline.finish_reason,
+            "baseline_ids_equal": list(baseline.token_ids) == list(result.token_ids),
+        })
+    return record
 
 
-def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm) -> dict[str, Any]:
-    """Job totals; S is summed tokens over summed forwards (not a mean of per-prompt S)."""
-    tokens = sum(r["new_tokens"] for r in records)
-    forwards = sum(r["forwards"] for r in records)
-    seconds = sum(r["decode_seconds"] for r in records)
-    rounds = sum(r["rounds"] for r in records)
+def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method: str) -> dict[str, Any]:
+    """The record of a prompt that could not be decoded."""
     return {
+        "task_id": prompt.task_id,
+        "line": prompt.line,
+        "prompt_tokens": None if input_ids is None else len(input_ids),
+        "completion": None,
+        "token_ids": [],
+        "new_tokens": 0,
+        "forwards": 0,
+        "compression": None,
+        "decode_seconds": 0.0,
+        "finish_reason": "error",
+        "error": error,
+        "method": method,
+    }
+
+
+def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm,
+              evaluation: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Job totals over the decoded records (error records only counted); S is summed tokens over
+    summed forwards (not a mean of per-prompt S)."""
+    ok = [r for r in records if r["finish_reason"] != "error"]
+    tokens = sum(r["new_tokens"] for r in ok)
+    forwards = sum(r["forwards"] for r in ok)
+    seconds = sum(r["decode_seconds"] for r in ok)
+    rounds = sum(r["rounds"] for r in ok)
+    host = [r["host_seconds"] for r in ok]
+    summary = {
         "model": model_name,
+        "method": cfg.generation.method,
         "prompts": len(records),
+        "errors": len(records) - len(ok),
         "new_tokens": tokens,
         "forwards": forwards,
         "compression": tokens / forwards if forwards else None,
         "decode_seconds": seconds,
         "tokens_per_second": _rate(tokens, seconds),
         "rounds": rounds,
-        "host_ms_per_round": 1000 * sum(r["host_seconds"] for r in records) / rounds if rounds else None,
+        "host_ms_per_round": (1000 * sum(host) / rounds if rounds and None not in host else None),
         "world_size": comm.world,
         "backend": comm.backend,
         # rank 0's rows per round (all ranks are balanced to within one column) and the busiest rank's
-        "rows_per_round": _per_round(records, "rows_per_round", rounds),
-        "max_rows_per_round": _per_round(records, "max_rows_per_round", rounds),
-        "collectives_per_round": sum(r["collectives"] for r in records) / rounds if rounds else None,
-        "bytes_per_round": sum(r["bytes_moved"] for r in records) / rounds if rounds else None,
+        "rows_per_round": _per_round(ok, "rows_per_round", rounds),
+        "max_rows_per_round": _per_round(ok, "max_rows_per_round", rounds),
+        "collectives_per_round": sum(r["collectives"] for r in ok) / rounds if rounds else None,
+        "bytes_per_round": sum(r["bytes_moved"] for r in ok) / rounds if rounds else None,
         "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
-        "lookahead": dataclasses.asdict(cfg.lookahead),
-        "config": cfg.to_dict(),
+        "lookahead": cfg.to_dict()["lookahead"],
     }
+    if cfg.baseline.enabled:
+        compared = [r for r in ok if "baseline_token_ids" in r]
+        b_tokens = sum(r["baseline_new_tokens"] for r in compared)
+        b_seconds = sum(r["baseline_decode_seconds"] for r in compared)
+        rate, b_rate = _rate(tokens, seconds), _rate(b_tokens, b_seconds)
+        summary.update({
+            "baseline_prompts": len(compared),
+            "baseline_new_tokens": b_tokens,
+            "baseline_decode_seconds": b_seconds,
+            "baseline_tokens_per_second": b_rate,
+            "speedup": rate / b_rate if rate and b_rate else None,
+            "baseline_ids_equal_fraction": (sum(r["baseline_ids_equal"] for r in compared) / len(compared)
+                                            if compared else None),
+        })
+    if evaluation is not None:
+        passed = sum(e["passed"] for e in evaluation)
+        summary.update({"evaluated": len(evaluation), "passed": passed,
+                        "pass_at_1": passed / len(evaluation) if evaluation else None})
+    summary["config"] = cfg.to_dict()
+    return summary
+
+
+TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
+                         "baseline_tokens_per_second", "speedup"})  # summary keys that vary run to run
 
 
 def _mean(values: list[int]) -> float:
@@ -176,14 +365,7 @@ def _rate(tokens: int, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write text to path via a temp file in the same directory and os.replace."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+# ---- command line -----------------------------------------------------------------------------------------
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -204,13 +386,50 @@ def _fail(message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def report(summary: dict[str, Any], cfg: JobConfig) -> str:
+    """The lines printed at the end of a job."""
+    job, n = JobDir(cfg.output.dir), summary["prompts"]
+    reasons = " ".join(f"{k}={v}" for k, v in sorted(summary["finish_reasons"].items()))
+    lines = [
+        f"results: {job.results_path} ({n} prompt{'s' if n != 1 else ''}, {summary['errors']} error"
+        f"{'s' if summary['errors'] != 1 else ''})",
+        f"summary: {job.summary_path}",
+        f"samples: {job.samples_path}",
+        f"S = {_fmt(summary['compression'], '.3f')} ({summary['new_tokens']} tokens / "
+        f"{summary['forwards']} forwards, {summary['method']}), {_fmt(summary['tokens_per_second'], '.1f')} "
+        f"tokens/s, host {_fmt(summary['host_ms_per_round'], '.2f')} ms/round, finish: {reasons}",
+        f"world size {summary['world_size']} ({summary['backend']}), rows/round "
+        f"{_fmt(summary['rows_per_round'], '.1f')} (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
+        f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
+        f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round",
+    ]
+    if "speedup" in summary:
+        lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
+                     f"speedup {_fmt(summary['speedup'], '.2f')}x, ids equal to the baseline on "
+                     f"{_fmt(summary['baseline_ids_equal_fraction'], '.1%')} of {summary['baseline_prompts']} prompts")
+    if "pass_at_1" in summary:
+        lines.append(f"pass@1 = {_fmt(summary['pass_at_1'], '.3f')} ({summary['passed']}/{summary['evaluated']}"
+                     f" passed; {job.eval_path})")
+    return "\n".join(lines)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", required=True, metavar="FILE.yaml", help="Job config (YAML).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="Override one config key (value read as YAML); repeatable.")
-@click.option("--quiet", is_flag=True, help="No progress messages, only the final summary.")
-def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
-    """Run a Lookahead Decoding job described by a YAML config."""
+@click.option("--quiet", is_flag=True, help="No progress bar or progress messages, only the final summary.")
+@click.option("--force", is_flag=True,
+              help="Resume an output directory even though its results were made with a different config.")
+@click.option("--fresh", is_flag=True, help="Discard the results already in the output directory and start over.")
+def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool) -> None:
+    """Run a Lookahead Decoding job described by a YAML config (resumes an interrupted one)."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lp").setLevel(logging.WARNING if quiet else logging.INFO)
@@ -218,10 +437,11 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # model loading/conversion bars
+    lead = int(os.environ.get("RANK", "0")) == 0
     try:
         cfg = load_config(config_path, overrides)
     except ConfigError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if lead:
             click.echo(f"error: {e}", err=True)
         raise SystemExit(2)
     try:
@@ -229,8 +449,14 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
     except Exception as e:  # noqa: BLE001  (rendezvous, backend or device problems)
         _fail(f"distributed setup failed: {_one_line(e)}", 1)
     try:
-        summary = run_job(cfg, comm)
-    except (DataError, ModelLoadError, OSError) as e:
+        summary = run_job(cfg, comm, force=force, fresh=fresh,
+                          progress=comm.rank == 0 and not quiet and _stderr_is_terminal())
+    except ResumeRefused as e:
+        _fail(str(e), 2)
+    except KeyboardInterrupt:
+        _fail(f"{_rank_prefix(comm)}interrupted; the results written so far are kept: run the same command "
+              f"again to resume", 130)
+    except (DataError, ModelLoadError, JobError, OSError) as e:
         _fail(f"{_rank_prefix(comm)}{e}", 1)
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
         if comm.world == 1:
@@ -238,20 +464,9 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool) -> None:
         _fail(f"{_rank_prefix(comm)}worker failed: {_one_line(e)}", 1)
     finally:
         shutdown()
-    if summary is None:
-        return
+    if summary is not None:
+        click.echo(report(summary, cfg))
 
-    out, n = JobOutput(cfg.output.dir), summary["prompts"]
-    reasons = " ".join(f"{k}={v}" for k, v in sorted(summary["finish_reasons"].items()))
-    click.echo(f"results: {out.results_path} ({n} prompt{'s' if n != 1 else ''})\n"
-               f"summary: {out.summary_path}\n"
-               f"S = {_fmt(summary['compression'], '.3f')} ({summary['new_tokens']} tokens / "
-               f"{summary['forwards']} forwards), {_fmt(summary['tokens_per_second'], '.1f')} tokens/s, "
-               f"host {_fmt(summary['host_ms_per_round'], '.2f')} ms/round, finish: {reasons}\n"
-               f"world size {summary['world_size']} ({summary['backend']}), rows/round {_fmt(summary['rows_per_round'], '.1f')}"
-               f" (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
-               f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
-               f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round")
 
 if __name__ == "__main__":
     main()

@@ -7,10 +7,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from lp.config import ConfigError, JobConfig, load_config, load_config_dict
+from pathlib import Path
+
+import lp.run
+from lp.config import (CODE_COMPLETION_STOP, ConfigError, JobConfig, differences, load_config,
+                       load_config_dict)
 from lp.run import main
 
 DEFAULT_JOB = "configs/humaneval-smollm2.yaml"
+SHIPPED = sorted(str(p) for p in Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
 
 # (id, config mapping, --set overrides, key path the message must name)
 BAD = [
@@ -46,11 +51,28 @@ BAD = [
     ("timeout-string", {"distributed": {"timeout_s": "5m"}}, [], "distributed.timeout_s:"),
     ("set-bad-range", {}, ["lookahead.window=0"], "lookahead.window:"),
     ("set-bad-type", {}, ["lookahead.pool_seeding=maybe"], "lookahead.pool_seeding:"),
-    ("set-unknown-key", {}, ["generation.temperature=0.5"], "generation.temperature:"),
+    ("set-unknown-key", {}, ["generation.beam_size=4"], "generation.beam_size:"),
     ("set-unknown-section", {}, ["sampling.top_k=5"], "sampling:"),
     ("set-no-equals", {}, ["lookahead.window"], "--set 'lookahead.window'"),
     ("set-no-dot", {}, ["window=7"], "--set 'window=7'"),
     ("set-bad-yaml", {}, ["generation.stop=[unclosed"], "--set 'generation.stop=[unclosed'"),
+    ("method-unknown", {"generation": {"method": "beam"}}, [], "generation.method:"),
+    ("method-number", {"generation": {"method": 1}}, [], "generation.method:"),
+    ("set-method", {}, ["generation.method=speculative"], "generation.method:"),
+    ("chat-template-string", {"data": {"chat_template": "yes"}}, [], "data.chat_template:"),
+    ("chat-template-int", {"data": {"chat_template": 1}}, [], "data.chat_template:"),
+    ("evaluate-string", {"output": {"evaluate": "true"}}, [], "output.evaluate:"),
+    ("evaluate-jsonl", {"output": {"evaluate": True}, "data": {"source": "jsonl", "path": "p.jsonl"}}, [],
+     "output.evaluate:"),
+    ("evaluate-timeout-zero", {"output": {"evaluate_timeout_s": 0}}, [], "output.evaluate_timeout_s:"),
+    ("evaluate-timeout-string", {"output": {"evaluate_timeout_s": "10s"}}, [], "output.evaluate_timeout_s:"),
+    ("baseline-string", {"baseline": "yes"}, [], "baseline:"),
+    ("baseline-number", {"baseline": 1}, [], "baseline:"),
+    ("baseline-unknown-key", {"baseline": {"enable": True}}, [], "baseline.enable:"),
+    ("baseline-enabled-string", {"baseline": {"enabled": "on"}}, [], "baseline.enabled:"),
+    ("set-baseline", {}, ["baseline.enabled=maybe"], "baseline.enabled:"),
+    ("set-baseline-shorthand", {}, ["baseline=3"], "baseline:"),
+    ("set-other-shorthand", {}, ["lookahead=7"], "--set 'lookahead=7'"),
 ]
 
 
@@ -65,7 +87,10 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("mapping,overrides,key", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_config_exits_2_naming_the_key(tmp_path, mapping, overrides, key):
+def test_bad_config_exits_2_naming_the_key(tmp_path, monkeypatch, mapping, overrides, key):
+    def accepted(*args, **kwargs):
+        raise AssertionError("the bad config was accepted")  # fail fast instead of running a job
+    monkeypatch.setattr(lp.run, "run_job", accepted)
     mapping = {"output": {"dir": str(tmp_path / "out")}} | mapping
     args = ["--config", write(tmp_path, mapping)]
     for item in overrides:
@@ -82,8 +107,10 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
     mapping = {
         "model": {"dtype": "int4", "device": "tpu"},
         "lookahead": {"window": 0, "ngram": "5", "guesses": -3, "pool_seeding": 0, "level": 2},
-        "generation": {"max_new_tokens": -1},
+        "generation": {"max_new_tokens": -1, "method": "greedy"},
         "data": {"source": "jsonl", "offset": -2, "limit": 0},
+        "output": {"evaluate": True},
+        "baseline": {"enabled": 1},
         "extra": {},
     }
     with pytest.raises(ConfigError) as err:
@@ -91,8 +118,8 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
     keys = [line.split(":", 1)[0] for line in err.value.problems]
     assert sorted(keys) == sorted([
         "model.dtype", "model.device", "lookahead.window", "lookahead.ngram", "lookahead.guesses",
-        "lookahead.pool_seeding", "lookahead.level", "generation.max_new_tokens", "data.path",
-        "data.offset", "data.limit", "extra",
+        "lookahead.pool_seeding", "lookahead.level", "generation.max_new_tokens", "generation.method",
+        "data.path", "data.offset", "data.limit", "output.evaluate", "baseline.enabled", "extra",
     ])
     message_lines = str(err.value).splitlines()[1:]
     assert [line.strip() for line in message_lines] == err.value.problems
@@ -134,36 +161,114 @@ def test_missing_config_option_exits_2():
 
 def test_default_job_is_the_embedded_default():
     cfg = load_config(DEFAULT_JOB)
-    assert cfg == JobConfig()
+    assert cfg == JobConfig() == load_config_dict({})
     assert cfg.model.name == "smollm2-135m" and cfg.model.device == "auto"
     assert (cfg.lookahead.window, cfg.lookahead.ngram, cfg.lookahead.guesses) == (15, 5, 15)
     assert cfg.lookahead.pool_seeding is True
-    assert cfg.generation.max_new_tokens == 256
+    assert cfg.generation.max_new_tokens == 256 and cfg.generation.method == "lookahead"
+    assert cfg.generation.stop == CODE_COMPLETION_STOP
     assert (cfg.data.source, cfg.data.offset, cfg.data.limit) == ("humaneval", 0, 20)
+    assert cfg.data.chat_template is False and cfg.output.evaluate is False and cfg.baseline.enabled is False
 
 
-@pytest.mark.parametrize("path", [DEFAULT_JOB, "configs/example-jsonl.yaml"])
-def test_shipped_configs_round_trip(tmp_path, path):
+def test_code_completion_stop_strings():
+    assert CODE_COMPLETION_STOP == ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+
+
+def test_shipped_configs_are_all_tested():
+    names = {Path(p).name for p in SHIPPED}
+    assert {"humaneval-smollm2.yaml", "humaneval-smollm2-full.yaml", "example-jsonl.yaml"} <= names
+    assert any("codellama" in n for n in names)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[Path(p).name for p in SHIPPED])
+def test_shipped_configs_are_valid_and_round_trip(tmp_path, path):
     cfg = load_config(path)
     again = tmp_path / "again.yaml"
     again.write_text(cfg.to_yaml())
     assert load_config(again) == cfg
     assert load_config_dict(cfg.to_dict()) == cfg
+    assert cfg.output.dir.startswith("runs/")
+    if cfg.data.source == "jsonl":
+        assert (Path(__file__).resolve().parents[1] / cfg.data.path).is_file()
+
+
+def test_gpu_configs_use_the_paper_settings_on_cuda():
+    gpu = [load_config(p) for p in SHIPPED if load_config(p).model.device.startswith("cuda")]
+    assert len(gpu) >= 2
+    for cfg in gpu:
+        assert cfg.model.dtype in ("float16", "bfloat16")
+        assert (cfg.lookahead.window, cfg.lookahead.ngram, cfg.lookahead.guesses) == (15, 5, 15)
+        assert cfg.data.source == "humaneval" and cfg.data.limit is None and cfg.baseline.enabled
+
+
+@pytest.mark.parametrize("mapping,stop", [
+    ({}, CODE_COMPLETION_STOP),                                                    # humaneval default
+    ({"generation": {"max_new_tokens": 8}}, CODE_COMPLETION_STOP),
+    ({"generation": {"stop": []}}, ()),                                            # [] means none
+    ({"generation": {"stop": ["\n\n"]}}, ("\n\n",)),                              # replaced
+    ({"data": {"source": "jsonl", "path": "p.jsonl"}}, ()),                        # jsonl: none by default
+    ({"data": {"source": "jsonl", "path": "p.jsonl"}, "generation": {"stop": ["\n#"]}}, ("\n#",)),
+])
+def test_stop_default_depends_on_the_data_source(mapping, stop):
+    assert load_config_dict(mapping).generation.stop == stop
+
+
+def test_set_can_clear_the_default_stop_strings():
+    assert load_config(DEFAULT_JOB, ["generation.stop=[]"]).generation.stop == ()
+    assert load_config_dict({}, ["generation.stop=[]"]).generation.stop == ()
+
+
+@pytest.mark.parametrize("value,enabled", [(True, True), (False, False), ({"enabled": True}, True), (None, False)])
+def test_baseline_shorthand(value, enabled):
+    cfg = load_config_dict({"baseline": value})
+    assert cfg.baseline.enabled is enabled
+    assert cfg.to_dict()["baseline"] == {"enabled": enabled}
+
+
+def test_set_baseline_shorthand_and_key():
+    assert load_config_dict({}, ["baseline=true"]).baseline.enabled is True
+    assert load_config_dict({"baseline": True}, ["baseline.enabled=false"]).baseline.enabled is False
+    with pytest.raises(ConfigError) as err:
+        load_config_dict({}, ["baseline=3"])
+    assert err.value.problems == ["baseline: 3 must be true, false or a mapping of keys"]
+
+
+def test_new_keys_round_trip():
+    cfg = load_config_dict({"generation": {"method": "autoregressive"}, "data": {"chat_template": True},
+                            "output": {"evaluate": True, "evaluate_timeout_s": 3}, "baseline": True})
+    assert cfg.generation.method == "autoregressive" and cfg.data.chat_template is True
+    assert cfg.output.evaluate is True and cfg.output.evaluate_timeout_s == 3.0 and cfg.baseline.enabled
+    assert load_config_dict(cfg.to_dict()) == cfg
+
+
+def test_differences_ignore_the_keys_that_do_not_change_results():
+    base = load_config_dict({})
+    same = load_config_dict({"output": {"dir": "elsewhere", "evaluate": True, "evaluate_timeout_s": 1},
+                             "distributed": {"backend": "gloo", "timeout_s": 5}})
+    assert differences(base, same) == []
+    other = load_config_dict({"lookahead": {"window": 7}, "baseline": True, "generation": {"stop": []}})
+    changed = differences(base, other)
+    assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop", "baseline.enabled"]
+    assert "lookahead.window: 15 -> 7" in changed
 
 
 def test_round_trip_keeps_every_value(tmp_path):
     mapping = {
         "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float64", "device": "cuda:1"},
         "lookahead": {"window": 3, "ngram": 3, "guesses": 0, "pool_seeding": False},
-        "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"]},
-        "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None},
-        "output": {"dir": "runs/x"},
+        "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"], "method": "autoregressive"},
+        "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None, "chat_template": True},
+        "output": {"dir": "runs/x", "evaluate": False, "evaluate_timeout_s": 2.5},
         "distributed": {"backend": "gloo", "timeout_s": 12.5},
+        "baseline": {"enabled": True},
     }
     cfg = load_config(write(tmp_path, mapping))
-    assert cfg.to_dict() == mapping
+    resolved = cfg.to_dict()
+    for section, values in mapping.items():  # every given value survives (sections may hold more keys)
+        assert {k: resolved[section][k] for k in values} == values
     assert cfg.generation.stop == ("\n\n", "```")  # the engine's type
-    assert yaml.safe_load(cfg.to_yaml()) == mapping
+    assert yaml.safe_load(cfg.to_yaml()) == resolved
 
 
 def test_missing_sections_and_keys_take_defaults(tmp_path):
@@ -219,3 +324,9 @@ def test_problem_lines_name_value_and_allowed_values(tmp_path):
     assert "model.dtype: 'half' must be one of float32, bfloat16, float16, float64" in text
     assert "data.source: 'csv' must be one of humaneval, jsonl" in text
     assert textwrap.dedent(text).startswith("invalid config ")
+
+
+def test_readme_config_block_is_the_default_job():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert load_config_dict(yaml.safe_load(block)) == JobConfig() == load_config(DEFAULT_JOB)

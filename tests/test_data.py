@@ -53,7 +53,9 @@ def test_jsonl_parsing(tmp_path):
         json.dumps({"task_id": 7, "prompt": "üñí", "extra": [1, 2]}),  # int id, extra fields ignored
         json.dumps({"prompt": "x = ", "task_id": "c"}),
     ])
-    assert jsonl(path) == [Prompt("a", "def f():\n"), Prompt("7", "üñí"), Prompt("c", "x = ")]
+    assert jsonl(path) == [Prompt("a", "def f():\n", line=1), Prompt("7", "üñí", line=4),
+                           Prompt("c", "x = ", line=5)]
+    assert all(p.error is None for p in jsonl(path))
 
 
 def test_jsonl_offset_and_limit(tmp_path):
@@ -63,6 +65,13 @@ def test_jsonl_offset_and_limit(tmp_path):
     assert [p.task_id for p in jsonl(path, offset=4)] == ["t4", "t5"]
     with pytest.raises(DataError, match="no prompts selected"):
         jsonl(path, offset=6)
+
+
+def test_jsonl_offset_counts_bad_lines_too(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl", ['{"task_id": "a", "prompt": "x"}', "{broken", "",
+                                             '{"task_id": "b", "prompt": "y"}'])
+    assert [p.task_id for p in jsonl(path, offset=1)] == ["<line 2>", "b"]
+    assert [p.task_id for p in jsonl(path, offset=1, limit=1)] == ["<line 2>"]
 
 
 def test_jsonl_missing_file(tmp_path):
@@ -75,23 +84,44 @@ def test_jsonl_empty_file(tmp_path):
         jsonl(write_lines(tmp_path / "p.jsonl", []))
 
 
-@pytest.mark.parametrize("bad,message", [
-    ("{not json", "not valid JSON"),
-    ('["a", "b"]', "expected a JSON object"),
-    ('{"prompt": "x"}', "task_id None"),
-    ('{"task_id": "", "prompt": "x"}', "task_id ''"),
-    ('{"task_id": true, "prompt": "x"}', "task_id True"),
-    ('{"task_id": "b"}', "prompt None"),
-    ('{"task_id": "b", "prompt": ""}', "prompt ''"),
-    ('{"task_id": "b", "prompt": 5}', "prompt 5"),
-    ('{"task_id": "a", "prompt": "again"}', "task_id 'a' appears twice"),
-])
-def test_jsonl_malformed_line_names_its_number(tmp_path, bad, message):
-    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"task_id": "a", "prompt": "x"}), "", bad])
-    with pytest.raises(DataError) as err:
-        jsonl(path)
-    assert f"p.jsonl:3: " in str(err.value)
-    assert message in str(err.value)
+# (bad line, message, the task id its error record gets)
+MALFORMED = [
+    ("{not json", "not valid JSON", "<line 3>"),
+    ('["a", "b"]', "expected a JSON object", "<line 3>"),
+    ('{"prompt": "x"}', "task_id None", "<line 3>"),
+    ('{"task_id": "", "prompt": "x"}', "task_id ''", "<line 3>"),
+    ('{"task_id": true, "prompt": "x"}', "task_id True", "<line 3>"),
+    ('{"task_id": "<line 9>", "prompt": "x"}', "reserved", "<line 3>"),
+    ('{"task_id": "b"}', "prompt None", "b"),
+    ('{"task_id": "b", "prompt": ""}', "prompt is empty", "b"),
+    ('{"task_id": "b", "prompt": 5}', "prompt 5", "b"),
+    ('{"task_id": "a", "prompt": "again"}', "task_id 'a' appears twice (first on line 1)", "<line 3>"),
+]
+
+
+@pytest.mark.parametrize("bad,message,task_id", MALFORMED, ids=[m[1] for m in MALFORMED])
+def test_jsonl_malformed_line_is_an_error_entry_naming_its_line(tmp_path, bad, message, task_id):
+    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"task_id": "a", "prompt": "x"}), "", bad,
+                                             json.dumps({"task_id": "z", "prompt": "after"})])
+    prompts = jsonl(path)  # a bad line does not stop the job
+    assert [p.task_id for p in prompts] == ["a", task_id, "z"]
+    good, error, after = prompts
+    assert good.error is None and after.error is None and after.prompt == "after"
+    assert error.line == 3 and error.error.startswith("p.jsonl:3: ")
+    assert message in error.error
+
+
+def test_jsonl_every_line_gets_a_distinct_task_id(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl", ["{bad", "{bad", '{"task_id": "a", "prompt": ""}',
+                                             '{"task_id": "a", "prompt": "x"}'])
+    ids = [p.task_id for p in jsonl(path)]
+    assert ids == ["<line 1>", "<line 2>", "a", "<line 4>"]
+
+
+def test_jsonl_undecodable_bytes_do_not_stop_the_job(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"task_id": "a", "prompt": "x"}\n\xff\xfe{\n{"task_id": "b", "prompt": "y"}\n')
+    assert [(p.task_id, p.error is None) for p in jsonl(path)] == [("a", True), ("<line 2>", False), ("b", True)]
 
 
 def test_shipped_example_prompts():

@@ -10,6 +10,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+import lp.run
 from lp.config import load_config
 from lp.models import load_model
 from lp.run import main
@@ -20,8 +21,10 @@ PROMPTS = [
     {"task_id": "t/1", "prompt": "abc abc abc abc"},
     {"task_id": "t/2", "prompt": "Once upon a time"},
 ]
-RECORD_KEYS = {"task_id", "prompt_tokens", "completion", "token_ids", "new_tokens", "forwards",
-               "compression", "decode_seconds", "finish_reason"}
+RECORD_KEYS = {"task_id", "line", "prompt_tokens", "completion", "token_ids", "new_tokens", "forwards",
+               "compression", "decode_seconds", "finish_reason", "error", "method"}
+BASELINE_KEYS = {"baseline_token_ids", "baseline_new_tokens", "baseline_decode_seconds", "baseline_finish_reason",
+                 "baseline_ids_equal"}
 
 
 @pytest.fixture
@@ -69,7 +72,8 @@ def test_end_to_end(job):
     assert [r["task_id"] for r in records] == [p["task_id"] for p in PROMPTS]
     loaded = load_model(TINY, dtype="float64", device="cpu")
     for record, prompt in zip(records, PROMPTS):
-        assert RECORD_KEYS <= record.keys()
+        assert RECORD_KEYS <= record.keys() and not BASELINE_KEYS & record.keys()
+        assert record["error"] is None and record["method"] == "lookahead"
         ids = loaded.tokenizer.encode(prompt["prompt"])
         assert record["prompt_tokens"] == len(ids)
         assert record["new_tokens"] == len(record["token_ids"]) <= 16
@@ -84,7 +88,10 @@ def test_end_to_end(job):
         assert record["token_ids"] == greedy(loaded.model, ids, 16, set(loaded.eos_token_ids))
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["prompts"] == 3
+    assert summary["prompts"] == 3 and summary["errors"] == 0 and summary["method"] == "lookahead"
+    assert "speedup" not in summary and "pass_at_1" not in summary
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples == [{"task_id": r["task_id"], "completion": r["completion"]} for r in records]
     assert summary["model"] == loaded.name
     assert summary["new_tokens"] == sum(r["new_tokens"] for r in records)
     assert summary["forwards"] == sum(r["forwards"] for r in records)
@@ -100,11 +107,33 @@ def test_end_to_end(job):
     assert not list(out.glob(".*.tmp"))
 
 
-def test_rerun_replaces_results_and_set_applies(job):
+def test_rerun_with_another_config_is_refused_unless_forced(job):
     config, out = job
     runner = CliRunner()
     assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
-    result = runner.invoke(main, ["--config", str(config), "--quiet",
+    before = (out / "results.jsonl").read_text()
+    changed = ["--set", "data.limit=2", "--set", "generation.max_new_tokens=5"]
+    result = runner.invoke(main, ["--config", str(config), "--quiet", *changed])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "different config" in lines[0] and "--force" in lines[0]
+    assert "generation.max_new_tokens: 16 -> 5" in lines[0] and "data.limit: 20 -> 2" in lines[0]
+    assert (out / "results.jsonl").read_text() == before  # nothing touched
+    assert yaml.safe_load((out / "config.yaml").read_text())["generation"]["max_new_tokens"] == 16
+
+    # --force resumes: the records stay, the job (2 prompts, all done) writes its summary over them
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--force", *changed])
+    assert result.exit_code == 0, result.output
+    assert (out / "results.jsonl").read_text() == before
+    assert json.loads((out / "summary.json").read_text())["prompts"] == 2
+    assert yaml.safe_load((out / "config.yaml").read_text())["generation"]["max_new_tokens"] == 5
+
+
+def test_fresh_starts_over_and_set_applies(job):
+    config, out = job
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--fresh",
                                   "--set", "data.limit=2", "--set", "generation.max_new_tokens=5"])
     assert result.exit_code == 0, result.output
     assert "INFO" not in result.stderr  # --quiet: no progress messages
@@ -112,6 +141,32 @@ def test_rerun_replaces_results_and_set_applies(job):
     assert [r["task_id"] for r in records] == ["t/0", "t/1"]
     assert all(r["new_tokens"] <= 5 for r in records)
     assert yaml.safe_load((out / "config.yaml").read_text())["data"]["limit"] == 2
+
+
+def test_neutral_keys_do_not_block_a_resume(job):
+    config, out = job
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--set", "distributed.timeout_s=9",
+                                  "--set", "output.evaluate_timeout_s=3"])
+    assert result.exit_code == 0, result.output
+
+
+def test_rerun_of_a_finished_job_decodes_nothing(job, monkeypatch):
+    config, out = job
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    first = json.loads((out / "summary.json").read_text())
+    before = (out / "results.jsonl").read_text()
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a finished prompt was decoded again")
+    monkeypatch.setattr(lp.run, "lookahead_generate", no_decoding)
+    result = runner.invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 prompts already have a record" in result.stderr
+    assert (out / "results.jsonl").read_text() == before
+    assert json.loads((out / "summary.json").read_text()) == first  # timing sums come from the records too
 
 
 def test_progress_is_logged(job):
@@ -146,3 +201,181 @@ def test_python_dash_m_entry_point(job):
                            "--set", "lookahead.ngram=2"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "lookahead.ngram: 2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def write_job(tmp_path, lines, **sections):
+    """A tiny-model job over a JSONL file written from `lines` (dicts are dumped, strings kept)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    cfg = {
+        "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
+        "lookahead": {"window": 4, "ngram": 3, "guesses": 4},
+        "generation": {"max_new_tokens": 12},
+        "data": {"source": "jsonl", "path": str(prompts), "limit": None},
+        "output": {"dir": str(tmp_path / "out")},
+    }
+    for name, values in sections.items():
+        cfg[name] = cfg.get(name, {}) | values
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config, tmp_path / "out"
+
+
+def test_bad_inputs_become_error_records_and_the_job_goes_on(tmp_path):
+    config, out = write_job(tmp_path, [
+        {"task_id": "empty", "prompt": ""},
+        {"task_id": "long", "prompt": "x" * 2100},     # the tiny model has 2048 positions
+        '{"task_id": "broken", "prompt": ',            # not JSON
+        {"task_id": "good", "prompt": "abc abc abc"},
+    ])
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    records = read_results(out)
+    assert [r["task_id"] for r in records] == ["empty", "long", "<line 3>", "good"]
+    errors = [r for r in records if r["finish_reason"] == "error"]
+    assert len(errors) == 3 and all(r["error"] and r["completion"] is None and r["new_tokens"] == 0 for r in errors)
+    assert [r["line"] for r in errors] == [1, 2, 3]
+    assert "prompt is empty" in errors[0]["error"]
+    assert "2100 tokens" in errors[1]["error"] and "2048" in errors[1]["error"]
+    assert errors[1]["prompt_tokens"] == 2100
+    assert errors[2]["error"].startswith("prompts.jsonl:3: not valid JSON")
+    good = records[3]
+    assert good["error"] is None and good["finish_reason"] in {"eos", "length"} and good["new_tokens"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 4 and summary["errors"] == 3 and summary["finish_reasons"]["error"] == 3
+    assert summary["new_tokens"] == good["new_tokens"] and summary["forwards"] == good["forwards"]
+    assert [json.loads(line)["task_id"] for line in (out / "samples.jsonl").read_text().splitlines()] == ["good"]
+    assert "3 errors" in result.stdout
+    assert "prompts.jsonl:3" in result.stderr  # logged as it happens
+
+
+def test_prompt_that_leaves_no_room_for_max_new_tokens_is_an_error(tmp_path):
+    config, out = write_job(tmp_path, [{"task_id": "fits", "prompt": "a" * 2040},
+                                       {"task_id": "too-long", "prompt": "a" * 2041}],
+                            generation={"max_new_tokens": 8})
+    assert CliRunner().invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    fits, too_long = read_results(out)
+    assert fits["error"] is None and too_long["finish_reason"] == "error"
+
+
+def test_baseline_in_the_same_run(tmp_path):
+    config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True})
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = read_results(out)
+    for r in records:
+        assert BASELINE_KEYS <= r.keys()
+        assert r["baseline_ids_equal"] is True and r["baseline_token_ids"] == r["token_ids"]  # float64: exact
+        assert r["baseline_new_tokens"] == r["new_tokens"] and r["baseline_finish_reason"] == r["finish_reason"]
+        assert r["baseline_decode_seconds"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["baseline_ids_equal_fraction"] == 1.0 and summary["baseline_prompts"] == 3
+    assert summary["baseline_new_tokens"] == summary["new_tokens"]
+    assert summary["baseline_tokens_per_second"] == pytest.approx(
+        summary["baseline_new_tokens"] / summary["baseline_decode_seconds"])
+    assert summary["speedup"] == pytest.approx(summary["tokens_per_second"] / summary["baseline_tokens_per_second"])
+    assert "speedup" in result.stdout and "100.0% of 3 prompts" in result.stdout
+
+
+def test_autoregressive_method(tmp_path):
+    config, out = write_job(tmp_path, PROMPTS)
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    lookahead = read_results(out)
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--fresh",
+                                  "--set", "generation.method=autoregressive"])
+    assert result.exit_code == 0, result.output
+    plain = read_results(out)
+    assert [r["token_ids"] for r in plain] == [r["token_ids"] for r in lookahead]
+    assert [r["completion"] for r in plain] == [r["completion"] for r in lookahead]
+    for r in plain:
+        assert r["method"] == "autoregressive" and r["forwards"] == r["new_tokens"] and r["compression"] == 1.0
+        assert r["host_seconds"] is None and r["collectives"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "autoregressive" and summary["compression"] == 1.0
+    assert summary["host_ms_per_round"] is None
+
+
+def test_stop_strings_cut_both_methods_alike(tmp_path):
+    config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True})
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
+    text = read_results(out)[0]["completion"]
+    stop = text[5:7]  # occurs in the first prompt's output, after its 5th character
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--fresh",
+                                  "--set", f"generation.stop={json.dumps([stop])}"])
+    assert result.exit_code == 0, result.output
+    first = read_results(out)[0]
+    assert first["finish_reason"] == "stop" and first["completion"] == text[:text.index(stop)]
+    assert first["baseline_ids_equal"] and first["baseline_finish_reason"] == "stop"
+
+
+def test_progress_bar_is_off_when_stderr_is_not_a_terminal(job):
+    config, _ = job
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0
+    assert "decoding" not in result.stderr and "prompt/s" not in result.stderr and "tok/s, S=" not in result.stderr
+
+
+def test_progress_bar_on_a_terminal_shows_tokens_per_second_and_s(job, monkeypatch):
+    config, _ = job
+    monkeypatch.setattr(lp.run, "_stderr_is_terminal", lambda: True)
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "decoding" in result.stderr and "3/3" in result.stderr
+    assert "tok/s, S=" in result.stderr
+    quiet = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--fresh"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""  # --quiet: no bar even on a terminal
+
+
+def test_chat_template_needs_a_tokenizer_that_has_one(job):
+    config, out = job
+    result = CliRunner().invoke(main, ["--config", str(config), "--set", "data.chat_template=true"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data.chat_template is true")
+    assert "no chat template" in result.stderr and "Traceback" not in result.output
+
+
+class ChatTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt is True and tokenize is False
+        (message,) = messages
+        return f"<u>{message['role']}:{message['content']}</u><a>"
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+
+def test_chat_template_wraps_the_prompt_as_the_user_message():
+    from lp.config import load_config_dict
+    from lp.data import Prompt
+    from lp.models import LoadedModel
+    from lp.run import encode_prompt
+
+    loaded = LoadedModel(None, ChatTokenizer(), "fake", [2])
+    cfg = load_config_dict({"data": {"chat_template": True}})
+    ids, error = encode_prompt(Prompt("t", "hi"), loaded, cfg, None)
+    assert error is None and ids == [ord(c) for c in "<u>user:hi</u><a>"]  # no second BOS
+    plain, _ = encode_prompt(Prompt("t", "hi"), loaded, load_config_dict({}), None)
+    assert plain == [1, ord("h"), ord("i")]
+
+
+def test_evaluate_adds_pass_at_1(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
+        "lookahead": {"window": 4, "ngram": 3, "guesses": 4},
+        "generation": {"max_new_tokens": 4},
+        "data": {"source": "humaneval", "limit": 2},
+        "output": {"dir": str(tmp_path / "out"), "evaluate": True, "evaluate_timeout_s": 20},
+    }))
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["evaluated"] == 2 and summary["passed"] == 0 and summary["pass_at_1"] == 0.0  # random weights
+    outcomes = [json.loads(line) for line in (tmp_path / "out" / "eval.jsonl").read_text().splitlines()]
+    assert [o["task_id"] for o in outcomes] == ["HumanEval/0", "HumanEval/1"]
+    assert all(o["passed"] is False and o["result"].startswith("failed") for o in outcomes)
+    assert "pass@1 = 0.000 (0/2 passed" in result.stdout

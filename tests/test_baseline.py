@@ -1,0 +1,77 @@
+"""Autoregressive decoding (generation.method: autoregressive, the in-run baseline) stops exactly
+where lookahead does and is pure greedy whatever the checkpoint's generation config says."""
+from __future__ import annotations
+
+import pytest
+
+from lp.baseline import autoregressive_generate
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import load_model
+
+TINY = "tiny-random-llama?vocab=64&seed=0"
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(TINY, dtype="float64", device="cpu")
+
+
+def both(loaded, prompt, gen, eos):
+    ids = loaded.tokenizer.encode(prompt)
+    la = lookahead_generate(loaded.model, ids, LookaheadParams(4, 3, 4), gen, eos_token_ids=eos,
+                            tokenizer=loaded.tokenizer)
+    ar = autoregressive_generate(loaded.model, ids, gen, eos_token_ids=eos, tokenizer=loaded.tokenizer)
+    return la, ar
+
+
+def test_length(loaded):
+    la, ar = both(loaded, "def add(a, b):\n    return", GenerationParams(20), loaded.eos_token_ids)
+    assert ar.finish_reason == la.finish_reason == "length"
+    assert ar.token_ids == la.token_ids and ar.new_tokens == 20
+    assert ar.forwards == 20 and ar.compression == 1.0 and ar.emitted_per_round == [1] * 20
+    assert ar.decode_seconds > 0 and ar.text == la.text
+
+
+def test_eos_inside_the_output(loaded):
+    free, _ = both(loaded, "abc abc abc", GenerationParams(24), [])
+    eos = free.token_ids[6]
+    first = free.token_ids.index(eos)
+    la, ar = both(loaded, "abc abc abc", GenerationParams(24), [eos])
+    assert la.finish_reason == ar.finish_reason == "eos"
+    assert ar.token_ids == la.token_ids == free.token_ids[:first + 1]  # EOS included, as generate does
+
+
+def test_stop_string(loaded):
+    free, _ = both(loaded, "Once upon a time", GenerationParams(24), [])
+    stop = free.text[8:10]
+    la, ar = both(loaded, "Once upon a time", GenerationParams(24, stop=(stop,)), [])
+    assert la.finish_reason == ar.finish_reason == "stop"
+    assert ar.token_ids == la.token_ids and len(ar.token_ids) < 24
+    assert ar.text == la.text == free.text[:free.text.index(stop)]
+
+
+def test_checkpoint_generation_config_is_ignored_and_restored(loaded):
+    ids = loaded.tokenizer.encode("abc abc abc")
+    reference = autoregressive_generate(loaded.model, ids, GenerationParams(16), eos_token_ids=[],
+                                        tokenizer=loaded.tokenizer)
+    own = loaded.model.generation_config
+    saved = own.repetition_penalty, own.no_repeat_ngram_size
+    own.repetition_penalty, own.no_repeat_ngram_size = 5.0, 2
+    try:
+        again = autoregressive_generate(loaded.model, ids, GenerationParams(16), eos_token_ids=[],
+                                        tokenizer=loaded.tokenizer)
+        assert loaded.model.generation_config is own
+        # the processors would change this output: prove it with a plain generate call
+        import torch
+        x = torch.tensor([ids])
+        penalised = loaded.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16,
+                                          do_sample=False)[0, len(ids):].tolist()
+    finally:
+        own.repetition_penalty, own.no_repeat_ngram_size = saved
+    assert again.token_ids == reference.token_ids
+    assert penalised != reference.token_ids
+
+
+def test_empty_prompt_is_rejected(loaded):
+    with pytest.raises(ValueError, match="empty"):
+        autoregressive_generate(loaded.model, [], GenerationParams(4))

@@ -1,0 +1,165 @@
+"""Results survive failures: a job killed with SIGKILL and rerun ends with exactly one record per
+task id and the summary of an uninterrupted run; torn and corrupt results files; one run per dir."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lp.config import load_config
+from lp.results import JobDir, JobDirError
+from lp.run import TIMING_KEYS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "tiny-random-llama?vocab=64&seed=0"
+PROMPTS = 12
+
+
+def write_job(tmp_path, max_new_tokens=24, baseline=False):
+    data = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"task_id": f"t{i}", "prompt": "abcabc" + "xyz"[i % 3] * (i % 5 + 1) + "q" * i})
+             for i in range(PROMPTS)]
+    lines.insert(5, "{a broken line")  # an error record resumes like any other
+    data.write_text("".join(line + "\n" for line in lines))
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
+        "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
+        "generation": {"max_new_tokens": max_new_tokens},
+        "data": {"source": "jsonl", "path": str(data), "limit": None},
+        "output": {"dir": str(tmp_path / "out")},
+        "baseline": {"enabled": baseline},
+    }))
+    return config
+
+
+def lines_of(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def run(config, *args):
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def comparable(summary):
+    """A summary without what varies between runs: timing and the output directory."""
+    out = {k: v for k, v in summary.items() if k not in TIMING_KEYS}
+    out["config"] = {**out["config"], "output": {**out["config"]["output"], "dir": None}}
+    return out
+
+
+def kill_after(config, records, out):
+    """Start the job as a real process, SIGKILL it once results.jsonl has `records` lines."""
+    results = out / "results.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while len(lines_of(results)) < records:
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "the job made no progress"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return lines_of(results)
+
+
+def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path):
+    config = write_job(tmp_path)
+    whole = tmp_path / "whole"
+    run(config, "--set", f"output.dir={whole}")
+    reference = json.loads((whole / "summary.json").read_text())
+    assert reference["prompts"] == PROMPTS + 1 and reference["errors"] == 1
+
+    out = tmp_path / "out"
+    kept = kill_after(config, 3, out)
+    assert 3 <= len(kept) < PROMPTS + 1, "the job finished before it could be killed"
+    assert not (out / "summary.json").exists()
+
+    result = run(config)
+    records = [json.loads(line) for line in lines_of(out / "results.jsonl")]
+    ids = [r["task_id"] for r in records]
+    assert len(ids) == len(set(ids)) == PROMPTS + 1                  # exactly one record per task id
+    assert lines_of(out / "results.jsonl")[:len(kept)] == kept        # the earlier records are untouched
+    assert ids == [json.loads(line)["task_id"] for line in lines_of(whole / "results.jsonl")]
+    assert comparable(json.loads((out / "summary.json").read_text())) == comparable(reference)
+    assert "13 prompts" in result.stdout
+    assert lines_of(out / "samples.jsonl") == lines_of(whole / "samples.jsonl")
+
+
+def test_torn_last_line_is_cut_off(tmp_path):
+    config = write_job(tmp_path, max_new_tokens=8, baseline=True)
+    whole = tmp_path / "whole"
+    run(config, "--set", f"output.dir={whole}")
+    reference = json.loads((whole / "summary.json").read_text())
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.yaml").write_text(load_config(config).to_yaml())
+    done = lines_of(whole / "results.jsonl")[:4]
+    torn = lines_of(whole / "results.jsonl")[4][:37]  # the start of the 5th record, no newline
+    (out / "results.jsonl").write_text("\n".join(done) + "\n" + torn)
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "torn last line" in result.stderr
+    got = lines_of(out / "results.jsonl")
+    assert got[:4] == done and len(got) == PROMPTS + 1
+    assert all(json.loads(line) for line in got)
+    assert len({json.loads(line)["task_id"] for line in got}) == PROMPTS + 1
+    assert comparable(json.loads((out / "summary.json").read_text())) == comparable(reference)
+
+
+def test_unreadable_line_before_the_end_is_an_error(tmp_path):
+    config = write_job(tmp_path, max_new_tokens=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.yaml").write_text(load_config(config).to_yaml())
+    (out / "results.jsonl").write_text('{"task_id": "t0"}\nnot json\n{"task_id": "t1"}\n')
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {out / 'results.jsonl'}:2 is not a result record; fix or remove " \
+                                    f"that line, or rerun with --fresh"
+    assert (out / "results.jsonl").read_text().count("\n") == 3  # left as it was
+
+
+def test_one_run_per_directory(tmp_path):
+    cfg = load_config(write_job(tmp_path))
+    first = JobDir(cfg.output.dir)
+    first.open(cfg)
+    try:
+        with pytest.raises(JobDirError, match="in use by another run"):
+            JobDir(cfg.output.dir).open(cfg)
+    finally:
+        first.close()
+    again = JobDir(cfg.output.dir)
+    again.open(cfg)  # free once the first run is gone
+    again.close()
+
+
+def test_append_never_duplicates(tmp_path):
+    cfg = load_config(write_job(tmp_path))
+    job = JobDir(cfg.output.dir)
+    job.open(cfg)
+    try:
+        job.append({"task_id": "t0", "finish_reason": "error"})
+        with pytest.raises(ValueError, match="already has a record"):
+            job.append({"task_id": "t0", "finish_reason": "error"})
+    finally:
+        job.close()
+    assert lines_of(Path(cfg.output.dir) / "results.jsonl") == ['{"task_id": "t0", "finish_reason": "error"}']
