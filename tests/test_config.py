@@ -73,6 +73,13 @@ BAD = [
     ("set-baseline", {}, ["baseline.enabled=maybe"], "baseline.enabled:"),
     ("set-baseline-shorthand", {}, ["baseline=3"], "baseline:"),
     ("set-other-shorthand", {}, ["lookahead=7"], "--set 'lookahead=7'"),
+    ("temperature-negative", {"generation": {"temperature": -0.5}}, [], "generation.temperature:"),
+    ("temperature-string", {"generation": {"temperature": "hot"}}, [], "generation.temperature:"),
+    ("top-k-negative", {"generation": {"top_k": -1}}, [], "generation.top_k:"),
+    ("top-p-zero", {"generation": {"top_p": 0}}, [], "generation.top_p:"),
+    ("top-p-above-one", {"generation": {"top_p": 1.5}}, [], "generation.top_p:"),
+    ("seed-negative", {"generation": {"seed": -3}}, [], "generation.seed:"),
+    ("seed-float", {"generation": {"seed": 1.5}}, [], "generation.seed:"),
 ]
 
 
