@@ -63,15 +63,17 @@ def test_grid_really_accepts(model16):
         assert counts.count(n) >= 3, n
 
 
-def multi_token_cut(model, prompt, n, w, g):
-    """A round that emits >= 2 tokens: (tokens before it, its tokens)."""
-    r = run(model, prompt, n, w, g)
-    done = 0
-    for e in r.emitted_per_round:
-        if e >= 2:
-            return done, r.token_ids[done:done + e], r.token_ids
-        done += e
-    return None
+def multi_token_cuts(model, n, w, g):
+    """For each prompt whose run has a round emitting >= 2 tokens, the first such round:
+    (prompt, tokens before it, the full output)."""
+    for prompt in PROMPTS:
+        r = run(model, prompt, n, w, g)
+        done = 0
+        for e in r.emitted_per_round:
+            if e >= 2:
+                yield prompt, done, r.token_ids
+                break
+            done += e
 
 
 CUT_CONFIGS = [(3, 2, 5), (4, 5, 15), (5, 15, 15), (7, 5, 5)]
@@ -80,11 +82,7 @@ CUT_CONFIGS = [(3, 2, 5), (4, 5, 15), (5, 15, 15), (7, 5, 5)]
 @pytest.mark.parametrize("n,w,g", CUT_CONFIGS)
 def test_max_new_tokens_inside_an_accepted_run(model16, n, w, g):
     cases = 0
-    for prompt in PROMPTS:
-        cut = multi_token_cut(model16, prompt, n, w, g)
-        if cut is None:
-            continue
-        before, run_tokens, _ = cut
+    for prompt, before, _ in multi_token_cuts(model16, n, w, g):
         limit = before + 1                # stop after the first token of a multi-token round
         r = run(model16, prompt, n, w, g, max_new=limit)
         assert r.token_ids == greedy(model16, prompt, limit)
@@ -96,17 +94,12 @@ def test_max_new_tokens_inside_an_accepted_run(model16, n, w, g):
 @pytest.mark.parametrize("n,w,g", CUT_CONFIGS)
 def test_eos_inside_an_accepted_run(model16, n, w, g):
     cases = 0
-    for prompt in PROMPTS:
-        cut = multi_token_cut(model16, prompt, n, w, g)
-        if cut is None:
-            continue
-        before, run_tokens, full = cut
-        eos = run_tokens[1]
+    for prompt, before, full in multi_token_cuts(model16, n, w, g):
+        eos = full[before + 1]            # the second token of the multi-token round
         if eos in full[:before + 1]:
             continue                      # it would stop earlier: not the case we want
         r = run(model16, prompt, n, w, g, eos=[eos])
-        ref = greedy(model16, prompt, NEW, eos=eos)
-        assert r.token_ids == ref == full[:before + 2]
+        assert r.token_ids == greedy(model16, prompt, NEW, eos=eos) == full[:before + 2]
         assert r.finish_reason == "eos"
         cases += 1
     assert cases >= 1

@@ -3,49 +3,18 @@ the configured timeout, and the results already written stay intact."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import yaml
+from multiproc import ROOT, prompt_lines, start_ranks, write_job
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 20
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_job(tmp_path, prompts=40):
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": "abcabc" + "xyz"[i % 3] * (i % 5 + 1)}) + "\n"
-                            for i in range(prompts)))
-    cfg = {
-        "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float32", "device": "cpu"},
-        "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
-        "generation": {"max_new_tokens": 48},
-        "data": {"source": "jsonl", "path": str(data), "limit": None},
-        "output": {"dir": str(tmp_path / "out")},
-        "distributed": {"backend": "gloo", "timeout_s": TIMEOUT_S},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def launch(config, world, port):
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
+def fault_job(tmp_path, prompts=40):
+    lines = prompt_lines([(f"t{i}", "abcabc" + "xyz"[i % 3] * (i % 5 + 1)) for i in range(prompts)])
+    return write_job(tmp_path, lines, generation={"max_new_tokens": 48}, distributed={"timeout_s": TIMEOUT_S})
 
 
 def read_results(path):
@@ -54,9 +23,9 @@ def read_results(path):
 
 
 def test_dead_worker_ends_the_job(tmp_path):
-    config = write_job(tmp_path)
+    config = fault_job(tmp_path)
     results = tmp_path / "out" / "results.jsonl"
-    procs = launch(config, 2, free_port())
+    procs = start_ranks(config)
     try:
         deadline = time.time() + 180
         while len(read_results(results)) < 3:
@@ -83,12 +52,12 @@ def test_dead_worker_ends_the_job(tmp_path):
 
 def test_two_workers_finish_the_job_like_one(tmp_path):
     """The same job without torchrun (P = 1) and with two workers writes the same records."""
-    config = write_job(tmp_path, prompts=4)
+    config = fault_job(tmp_path, prompts=4)
     one = subprocess.run([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet",
                           "--set", f"output.dir={tmp_path / 'one'}"],
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr
-    procs = launch(config, 2, free_port())
+    procs = start_ranks(config)
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "world size 2 (gloo)" in outs[0][0] and outs[1][0] == ""   # only rank 0 prints

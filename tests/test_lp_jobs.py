@@ -2,56 +2,27 @@
 the baseline and the autoregressive method keep the ranks in step, and a startup refusal on
 rank 0 ends the other rank at once instead of at the collective timeout."""
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from multiproc import start_ranks, write_job
 
 from lp.run import main
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120   # a rank left waiting would take this long: the tests finish far sooner
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_job(tmp_path):
-    data = tmp_path / "prompts.jsonl"
+def bad_prompts_job(tmp_path):
     lines = [json.dumps({"task_id": "a", "prompt": "abcabcxyz"}), json.dumps({"task_id": "empty", "prompt": ""}),
              "{broken", json.dumps({"task_id": "long", "prompt": "q" * 2100}),
              json.dumps({"task_id": "b", "prompt": "xyzxyzab"}), json.dumps({"task_id": "c", "prompt": "hello hello"})]
-    data.write_text("".join(line + "\n" for line in lines))
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({
-        "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float64", "device": "cpu"},
-        "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
-        "generation": {"max_new_tokens": 16},
-        "data": {"source": "jsonl", "path": str(data), "limit": None},
-        "output": {"dir": str(tmp_path / "out")},
-        "distributed": {"backend": "gloo", "timeout_s": TIMEOUT_S},
-        "baseline": {"enabled": True},
-    }))
-    return path
+    return write_job(tmp_path, lines, model={"dtype": "float64"}, distributed={"timeout_s": TIMEOUT_S},
+                     baseline={"enabled": True})
 
 
 def launch(config, *args, world=2):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet", *args],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = start_ranks(config, *args, world=world)
     try:
         outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
     finally:
@@ -66,7 +37,7 @@ def records(path):
 
 
 def test_bad_prompts_and_baseline_under_two_workers(tmp_path):
-    config = write_job(tmp_path)
+    config = bad_prompts_job(tmp_path)
     one = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", f"output.dir={tmp_path / 'one'}"])
     assert one.exit_code == 0, one.output
     codes, outs = launch(config)
@@ -83,7 +54,7 @@ def test_bad_prompts_and_baseline_under_two_workers(tmp_path):
 
 @pytest.mark.slow
 def test_refusal_on_rank_0_ends_every_rank_and_autoregressive_runs_in_step(tmp_path):
-    config = write_job(tmp_path)
+    config = bad_prompts_job(tmp_path)
     assert launch(config)[0] == [0, 0]
     start = time.time()
     codes, outs = launch(config, "--set", "generation.max_new_tokens=8")

@@ -1,0 +1,52 @@
+"""Helpers for tests that start several `python -m lp.run` ranks by hand (no torchrun),
+so that what a rank does when a peer dies or refuses is our code's doing."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_job(tmp_path: Path, lines: list[str], **sections) -> Path:
+    """A tiny-model JSONL job (float32, W=N=G=4, gloo) with `sections` merged over it."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(line + "\n" for line in lines))
+    cfg = {
+        "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float32", "device": "cpu"},
+        "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
+        "generation": {"max_new_tokens": 16},
+        "data": {"source": "jsonl", "path": str(data), "limit": None},
+        "output": {"dir": str(tmp_path / "out")},
+        "distributed": {"backend": "gloo", "timeout_s": 120},
+    }
+    for name, values in sections.items():
+        cfg[name] = {**cfg.get(name, {}), **values}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def prompt_lines(records: list[tuple[str, str]]) -> list[str]:
+    return [json.dumps({"task_id": t, "prompt": p}) for t, p in records]
+
+
+def start_ranks(config: Path, *args: str, world: int = 2) -> list[subprocess.Popen]:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet", *args],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
