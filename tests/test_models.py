@@ -19,13 +19,6 @@ from lp.models import LoadedModel, ModelLoadError, TinyTokenizer, load_model, ti
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def slow(request):
-    """Slow tests run only when a -m expression selects them (e.g. `pytest -m slow`)."""
-    if not request.config.option.markexpr:
-        pytest.skip("slow: run with -m slow")
-
-
 def same_weights(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -205,7 +198,7 @@ def test_missing_smollm2_package(monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_converts_once_then_loads_fast(slow, tmp_path, monkeypatch):
+def test_smollm2_converts_once_then_loads_fast(tmp_path, monkeypatch):
     monkeypatch.setenv("LP_CACHE_DIR", str(tmp_path))
     t0 = time.perf_counter()
     first = load_model("smollm2-135m", device="cpu")
@@ -232,7 +225,7 @@ def test_smollm2_converts_once_then_loads_fast(slow, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_concurrent_first_loads_share_one_copy(slow, tmp_path):
+def test_smollm2_concurrent_first_loads_share_one_copy(tmp_path):
     code = "from lp.models import load_model; print(load_model('smollm2-135m', device='cpu').eos_token_ids)"
     env = dict(os.environ, LP_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
