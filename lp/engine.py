@@ -99,7 +99,7 @@ class GenerationResult:
     rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed
     max_rows_per_round: list[int] = field(default_factory=list)   # rows of the busiest worker
     decode_seconds: float = 0.0
-    host_seconds: float = 0.0       # round time outside the forward and the collectives
+    host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
     collectives: int = 0            # step-loop collectives (0 with one worker)
     bytes_moved: int = 0
 
