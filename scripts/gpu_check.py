@@ -11,7 +11,6 @@ overhead are not. Shapes: a 7B Llama (bf16) and the embedded SmolLM2-135M's shap
 from __future__ import annotations
 
 import json
-import statistics
 import time
 
 import click
@@ -20,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
-from lp.kv_cache import crop, forward, new_cache
+from lp.cost_model import forward_curve, sync  # the one forward-time measurement (also the sweep's)
 
 SHAPES = {
     "llama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
@@ -32,11 +31,6 @@ SMALL = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2
                       num_key_value_heads=2, vocab_size=256)}
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def build(shape: dict, dtype: torch.dtype, device: torch.device):
     config = LlamaConfig(**shape, max_position_embeddings=4096, attn_implementation="sdpa", eos_token_id=None,
                          bos_token_id=None, pad_token_id=0)
@@ -44,28 +38,6 @@ def build(shape: dict, dtype: torch.dtype, device: torch.device):
     with torch.device(device):
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval()
-
-
-@torch.inference_mode()
-def forward_curve(model, prefix: int, rows_list: list[int], repeats: int, device) -> list[dict]:
-    """Median seconds of one forward of `rows` new rows over a `prefix`-token cache."""
-    vocab = model.config.vocab_size
-    cache = new_cache(model)
-    forward(model, cache, input_ids=torch.randint(vocab, (1, prefix), device=device), logits_to_keep=1)
-    out = []
-    for rows in rows_list:
-        ids = torch.randint(vocab, (1, rows), device=device)
-        pos = torch.arange(prefix, prefix + rows, device=device)[None]
-        times = []
-        for _ in range(repeats + 1):          # the first call warms up
-            sync(device)
-            t = time.perf_counter()
-            forward(model, cache, input_ids=ids, position_ids=pos, logits_to_keep=rows)
-            sync(device)
-            times.append(time.perf_counter() - t)
-            crop(cache, prefix)
-        out.append({"rows": rows, "seconds": statistics.median(times[1:])})
-    return out
 
 
 def decode_throughput(model, prompt_len: int, new_tokens: int, configs, device) -> dict:

@@ -1,0 +1,331 @@
+"""Cost model of one LP round, and the measurements it is built from.
+
+A round of Lookahead Parallelism on P workers costs
+
+    t_round(P) = t_fwd(r_max) + t_verify + t_gather(P) + t_host
+
+- `t_fwd(r)`: one forward of r new rows over a realistic prefix in the K/V cache, measured on the
+  device (`forward_curve`, rows 1..512 geometric) and read off by piecewise-linear interpolation
+  between the measured points (`forward_time`; linear extrapolation past the ends), after lowering
+  any point above a later one (a forward of more rows is never cheaper: that is noise). A straight line
+  a + b*r (`fit_linear`, least squares) is reported beside it: on a CPU the curve is close to linear,
+  on a GPU it is flat up to some hundreds of rows and the interpolation follows that knee.
+- `r_max`: the busiest rank's rows per round (`max_rows_per_round` of a job summary): the round
+  waits for the slowest rank.
+- `t_verify`: the device-side verification after the forward (argmax, the candidates' hits, the
+  payload, the decision read back on the host), measured with the engine's own functions on
+  synthetic logits of the job's W, N, G (`measure_verify`). Small next to a real model's forward,
+  not next to a tiny one's.
+- `t_gather(P)`: one all_gather of the fixed-size payload among P processes (`measure_collective`;
+  0 for P = 1), timed as a round issues it: after rank 0's broadcast of the candidates and each
+  rank's forward of its rows, so it includes the ranks' skew and wake-up, not only the wire latency
+  (that bare latency is `measure_collective` without a model). The broadcast itself happens before
+  the forward and is inside the measured host time, so it is not counted twice.
+- `t_host`: host time per round outside forward -> verification -> gathered payload
+  (`host_ms_per_round` of a job summary).
+
+Against autoregressive decoding (one token per forward of one row), with S tokens per round:
+
+    speedup(P) = S * t_fwd(1) / t_round(P)
+
+The pure functions here take plain numbers; `forward_curve` / `measure_collective` measure them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Sequence
+
+import torch
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+# ---- pure functions ------------------------------------------------------------------------------------------
+
+
+def fit_linear(curve: Sequence[dict]) -> tuple[float, float]:
+    """Least-squares (a, b) of seconds = a + b * rows over `curve` ([{rows, seconds}, ...])."""
+    xs = [float(p["rows"]) for p in curve]
+    ys = [float(p["seconds"]) for p in curve]
+    if not xs:
+        raise ValueError("empty forward curve")
+    if len(set(xs)) == 1:
+        return statistics.fmean(ys), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def monotone(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(rows, seconds) sorted by rows, each time lowered to the least time of any larger row count:
+    a forward of more rows is never cheaper, so a point above a later one is a noise spike."""
+    out, low = [], float("inf")
+    for x, y in sorted(points, reverse=True):
+        low = min(low, y)
+        out.append((x, low))
+    return out[::-1]
+
+
+def forward_time(curve: Sequence[dict], rows: float) -> float:
+    """t_fwd(rows): piecewise-linear interpolation of the measured curve made non-decreasing
+    (`monotone`), with linear extrapolation past its ends (never below 0)."""
+    pts = monotone([(float(p["rows"]), float(p["seconds"])) for p in curve])
+    if not pts:
+        raise ValueError("empty forward curve")
+    if len(pts) == 1:
+        return pts[0][1]
+    if rows <= pts[0][0]:
+        (x0, y0), (x1, y1) = pts[0], pts[1]
+    elif rows >= pts[-1][0]:
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    else:
+        i = next(k for k in range(1, len(pts)) if pts[k][0] >= rows)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return max(y0 + (y1 - y0) * (rows - x0) / (x1 - x0), 0.0)
+
+
+def project_round_seconds(curve: Sequence[dict], max_rows: float, collective_s: float, host_s: float,
+                          verify_s: float = 0.0) -> float:
+    """t_round = t_fwd(max rows of any rank) + verification + one all_gather + host time (seconds)."""
+    return forward_time(curve, max_rows) + verify_s + collective_s + host_s
+
+
+def projected_speedup(compression: float, curve: Sequence[dict], round_s: float) -> float:
+    """S * t_fwd(1) / t_round: tokens per second of LP over those of one-row autoregressive decoding."""
+    return compression * forward_time(curve, 1) / round_s
+
+
+def project(summary: dict, curve: Sequence[dict], collective_s: float, verify_s: float = 0.0) -> dict:
+    """Projected and measured per-round seconds and speedup for one job summary (summary.json)."""
+    rounds = summary.get("rounds") or 0
+    host_s = (summary.get("host_ms_per_round") or 0.0) / 1000
+    round_s = project_round_seconds(curve, summary["max_rows_per_round"], collective_s, host_s, verify_s)
+    return {
+        "projected_round_ms": 1000 * round_s,
+        "measured_round_ms": 1000 * summary["decode_seconds"] / rounds if rounds else None,
+        "projected_forward_ms": 1000 * forward_time(curve, summary["max_rows_per_round"]),
+        "verify_ms": 1000 * verify_s,
+        "collective_ms": 1000 * collective_s,
+        "projected_speedup": projected_speedup(summary["compression"], curve, round_s)
+        if summary.get("compression") else None,
+    }
+
+
+# ---- measurements --------------------------------------------------------------------------------------------
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, device,
+                  masked: bool = False, barrier=None) -> list[dict]:
+    """Median seconds of one forward of `rows` new rows over a `prefix`-token cache.
+
+    masked: pass an explicit 4-D float causal mask and keep every row's logits, as the engine's
+    rounds do (lp.kv_cache.forward_logits); otherwise the model's own causal mask.
+    barrier: waited on before each forward (processes measuring side by side stay in step)."""
+    from lp.kv_cache import crop, forward, new_cache
+
+    device = torch.device(device)
+    vocab = model.config.vocab_size
+    cache = new_cache(model)
+    forward(model, cache, input_ids=torch.randint(vocab, (1, prefix), device=device), logits_to_keep=1)
+    inputs = []
+    for rows in rows_list:
+        ids = torch.randint(vocab, (1, rows), device=device)
+        pos = torch.arange(prefix, prefix + rows, device=device)[None]
+        kwargs = {}
+        if masked:
+            mask = torch.full((rows, prefix + rows), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
+            mask[:, :prefix] = 0
+            mask[:, prefix:] = torch.triu(mask[:, prefix:], diagonal=1)
+            kwargs["attention_mask"] = mask[None, None]
+        inputs.append((rows, ids, pos, kwargs))
+    times = {rows: [] for rows in rows_list}
+    # whole passes over the row counts, so a burst of load on a shared machine spoils one sample of
+    # each row count rather than every sample of one; the first pass warms up
+    for _ in range(repeats + 1):
+        for rows, ids, pos, kwargs in inputs:
+            if barrier is not None:
+                barrier.wait()
+            sync(device)
+            t = time.perf_counter()
+            logits = forward(model, cache, input_ids=ids, position_ids=pos, logits_to_keep=rows, **kwargs).logits
+            if masked:
+                logits[0].argmax(-1).tolist()  # the engine reads its predictions back
+            sync(device)
+            times[rows].append(time.perf_counter() - t)
+            crop(cache, prefix)
+    return [{"rows": rows, "seconds": statistics.median(times[rows][1:])} for rows in rows_list]
+
+
+@torch.inference_mode()
+def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int, device="cpu",
+                   repeats: int = 50) -> float:
+    """Median seconds of a round's device-side verification (lp.engine's path after the forward:
+    argmax of [rows, vocab] logits, indexing, greedy_verdict of `guesses` candidates, pack_payload,
+    decide on the payload read back), on synthetic logits."""
+    from lp.verify import decide, greedy_verdict, pack_payload
+
+    device = torch.device(device)
+    s, deep_slots = ngram - 1, window + ngram - 2
+    rows = max(rows, 1 + guesses * s + window)
+    logits = torch.randn(rows, vocab, device=device)
+    cand = [tuple(range(s)) for _ in range(guesses)]
+    cand_rows = list(range(1, 1 + guesses * s))
+    deep_rows = list(range(rows - window, rows))
+    times = []
+    for _ in range(repeats + 3):
+        sync(device)
+        t = time.perf_counter()
+        predicted = logits.argmax(-1)
+        index = lambda r: torch.tensor(r, dtype=torch.long, device=device)  # noqa: E731
+        head, after = greedy_verdict(predicted[0], torch.tensor(cand, dtype=torch.long, device=device).view(-1, s),
+                                     predicted[index(cand_rows)].view(-1, s), 0)
+        payload = pack_payload(head, after, predicted[index(deep_rows)], deep_slots)
+        decide(payload[None].tolist(), s)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[3:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gather_worker(rank: int, world: int, port: int, numel: int, repeats: int, backend: str, queue,
+                   cfg=None, prefix: int = 0, rows: int = 1, candidates: int = 0) -> None:
+    import torch.distributed as dist
+
+    from lp.dist import _all_gather_single
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+        round_forward = _round_forward(cfg, prefix, rows, device) if cfg is not None else None
+        payload = torch.full((numel,), rank, dtype=torch.long, device=device)
+        out = torch.empty(world * numel, dtype=torch.long, device=device)
+        shared = torch.zeros(max(candidates, 1), dtype=torch.long)
+        times = []
+        dist.barrier()
+        for _ in range(repeats + 3):
+            if round_forward is None:
+                dist.barrier()
+            else:   # the engine's round: rank 0 broadcasts the candidates, every rank runs its rows
+                dist.broadcast(shared, 0)
+                round_forward()
+            t = time.perf_counter()
+            _all_gather_single()(out, payload)
+            out[:1].tolist()   # the engine reads the gathered payload on the host
+            times.append(time.perf_counter() - t)
+        if rank == 0:   # the mean: a round's measured time is a mean, and waits have a long tail
+            queue.put(statistics.fmean(times[3:]) if cfg is not None else statistics.median(times[3:]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _round_forward(cfg, prefix: int, rows: int, device):
+    """A closure running one masked forward of `rows` rows over a `prefix` cache (then cropping it)."""
+    from lp.kv_cache import crop, forward, new_cache
+    from lp.models import load_model
+
+    model = load_model(cfg.model.name, dtype=cfg.model.dtype,
+                       device=str(device) if device.type == "cuda" else cfg.model.device).model
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    cache = new_cache(model)
+    with torch.inference_mode():
+        forward(model, cache, input_ids=torch.randint(vocab, (1, prefix), device=device), logits_to_keep=1)
+    ids = torch.randint(vocab, (1, rows), device=device)
+    pos = torch.arange(prefix, prefix + rows, device=device)[None]
+    mask = torch.full((rows, prefix + rows), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
+    mask[:, :prefix] = 0
+    mask[:, prefix:] = torch.triu(mask[:, prefix:], diagonal=1)
+    mask = mask[None, None]
+
+    @torch.inference_mode()
+    def run():
+        logits = forward(model, cache, input_ids=ids, position_ids=pos, attention_mask=mask,
+                         logits_to_keep=rows).logits
+        logits[0].argmax(-1).tolist()
+        crop(cache, prefix)
+    return run
+
+
+def measure_collective(world: int, numel: int = 64, repeats: int = 100, backend: str = "gloo",
+                       cfg=None, prefix: int = 0, rows: int = 1, candidates: int = 0) -> float:
+    """Seconds of one all_gather of an int64 [numel] payload among `world` local processes.
+
+    Without `cfg` the ranks enter each all_gather together (a barrier first): the bare latency
+    (median).
+    With a job config (lp.config.JobConfig) each all_gather follows what an LP round does before
+    it: rank 0 broadcasts a [candidates] buffer and every rank runs a masked forward of `rows` rows
+    over a `prefix` cache; the time then includes the ranks' skew and wake-up, as in a round (mean,
+    like the measured per-round time it is compared with: on a shared CPU the waits have a long tail)."""
+    if world <= 1:
+        return 0.0
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        mp.start_processes(_gather_worker, args=(world, _free_port(), numel, repeats, backend, queue, cfg,
+                                                 prefix, rows, candidates),
+                           nprocs=world, join=True, start_method="spawn")
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+    return queue.get()
+
+
+def measure_job_curve(cfg, prefix: int, rows_list: Sequence[int] = ROWS, repeats: int = 9,
+                      threads: int | None = 1, concurrent: int = 1) -> list[dict]:
+    """The forward curve of a job config's model (lp.config.JobConfig) on its device, with the
+    engine's masked forward; `threads` fixes torch's CPU threads (the sweep runs ranks with one).
+
+    concurrent: on a CPU device, P workers share the machine's cores and memory bandwidth, so the
+    curve is measured by that many processes at once (rank 0's curve is returned); a GPU rank has
+    its device to itself and is measured alone."""
+    if concurrent > 1 and _job_device(cfg).type == "cpu":
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        queue, barrier = ctx.SimpleQueue(), ctx.Barrier(concurrent)
+        mp.start_processes(_curve_worker, args=(cfg, prefix, list(rows_list), repeats, threads, barrier, queue),
+                           nprocs=concurrent, join=True, start_method="spawn")
+        return queue.get()
+    return _measure_curve(cfg, prefix, rows_list, repeats, threads)
+
+
+def _job_device(cfg) -> torch.device:
+    from lp.models import _device
+
+    return torch.device(_device(cfg.model.device))
+
+
+def _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier=None):
+    from lp.models import load_model
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+    dev = next(loaded.model.parameters()).device
+    return forward_curve(loaded.model, prefix, list(rows_list), repeats, dev, masked=True, barrier=barrier)
+
+
+def _curve_worker(rank, cfg, prefix, rows_list, repeats, threads, barrier, queue):
+    curve = _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier)
+    if rank == 0:
+        queue.put(curve)

@@ -1,0 +1,384 @@
+"""Strong-scaling sweep: one torchrun job per grid point, a CSV of their summaries, PNG plots and the
+cost model's projected per-round time next to the measured one.
+
+    PYTHONPATH=. python scripts/sweep.py --config configs/sweeps/cpu-smoke.yaml [--output DIR]
+
+A sweep file is
+
+    base: configs/example-jsonl.yaml      # a job config file, or an inline job mapping
+    grid:                                 # points = the cartesian product of these lists
+      world_size: [1, 2]                  # special key: torchrun's --nproc-per-node
+      lookahead.window: [7, 15]           # any section.key of a job config
+    output: runs/sweeps/NAME              # optional; --output wins; default runs/sweeps/<file stem>
+
+Each point's job config is written to DIR/points/<point>.yaml with output.dir DIR/points/<point>, and run
+as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --config ... --quiet`
+(PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A point
+whose summary.json exists is skipped (a rerun does no work); a point that fails is recorded as failed
+with its error and the sweep goes on. DIR/sweep.csv gets one row per point, and DIR holds
+speedup_vs_world_size.png, compression_vs_rows.png and tokens_per_second_vs_world_size.png.
+
+Cost model (lp/cost_model.py): the model's forward-time curve is measured once per model and world size
+(rows 1..512, prefix = the point's mean prompt length plus half its mean output, the engine's masked
+forward, one CPU thread like each rank; on a CPU by P processes side by side, since P ranks share its cores),
+and one all_gather per world size; both are cached under DIR/cost/. The projected
+per-round time t_fwd(max rows per rank) + t_verify + t_gather(P) + host ms is printed beside the measured one
+(decode_seconds / rounds) and both go into sweep.csv.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from lp.config import ConfigError, load_config_dict  # noqa: E402
+
+SUMMARY_FIELDS = ("world_size", "backend", "compression", "tokens_per_second", "baseline_tokens_per_second",
+                  "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round", "collectives_per_round",
+                  "bytes_per_round", "decode_seconds", "rounds", "new_tokens")
+COST_FIELDS = ("measured_round_ms", "projected_round_ms", "projection_error", "projected_forward_ms",
+               "verify_ms", "collective_ms", "projected_speedup")
+PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png")
+
+
+class SweepError(ValueError):
+    pass
+
+
+# ---- the sweep file -----------------------------------------------------------------------------------------
+
+
+def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
+    """(base job mapping, grid, output dir from the file or None)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise SweepError(f"cannot read sweep file {path}: {e}") from None
+    if not isinstance(raw, dict) or "grid" not in raw:
+        raise SweepError(f"{path}: a sweep file is a mapping with `base:` and `grid:`")
+    base = raw.get("base") or {}
+    if isinstance(base, str):
+        candidates = [Path(base), path.parent / base, ROOT / base]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise SweepError(f"{path}: base job config {base!r} not found")
+        base = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+    if not isinstance(base, dict):
+        raise SweepError(f"{path}: base must be a job config path or a job mapping")
+    grid = raw["grid"]
+    if not isinstance(grid, dict) or not grid:
+        raise SweepError(f"{path}: grid must map config keys (or world_size) to lists of values")
+    grid = {str(k): (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+    for key, values in grid.items():
+        if not values:
+            raise SweepError(f"{path}: grid.{key} is an empty list")
+        if key != "world_size" and len(key.split(".")) != 2:
+            raise SweepError(f"{path}: grid key {key!r} must be world_size or section.key")
+    return base, grid, raw.get("output")
+
+
+def points(grid: dict[str, list]) -> list[dict]:
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_name(point: dict) -> str:
+    parts = []
+    for key, value in point.items():
+        short = "P" if key == "world_size" else key.split(".")[-1]
+        parts.append(f"{short}{value}" if key == "world_size" else f"{short}-{value}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) or "point"
+
+
+def point_config(base: dict, point: dict, out_dir: Path) -> dict:
+    raw = copy.deepcopy(base)
+    if isinstance(raw.get("baseline"), bool):
+        raw["baseline"] = {"enabled": raw["baseline"]}
+    for key, value in point.items():
+        if key == "world_size":
+            continue
+        section, name = key.split(".")
+        if not isinstance(raw.get(section), dict):
+            raw[section] = {}
+        raw[section][name] = value
+    raw.setdefault("output", {})
+    raw["output"]["dir"] = str(out_dir)
+    return raw
+
+
+# ---- running one point ----------------------------------------------------------------------------------------
+
+
+def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) -> tuple[str, str | None, bool]:
+    """(status, error, skipped) of one point."""
+    point_dir = Path(raw["output"]["dir"])
+    if (point_dir / "summary.json").is_file():
+        return "ok", None, True
+    cfg_path = out / "points" / f"{name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    try:  # a bad override fails here with lp's own message, without starting workers
+        load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
+    except ConfigError as e:
+        return "failed", e.problems[-1] if e.problems else str(e), False
+    world = int(point.get("world_size", 1))
+    if world < 1:
+        return "failed", f"world_size: {world!r} must be >= 1", False
+    log = out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           "-m", "lp.run", "--config", str(cfg_path), "--quiet"]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=os.getcwd(), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        log.write_text(f"$ {' '.join(cmd)}\n{e.stdout or ''}\n{e.stderr or ''}", encoding="utf-8")
+        return "failed", f"timed out after {timeout_s:.0f} s", False
+    log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}", encoding="utf-8")
+    if proc.returncode == 0 and (point_dir / "summary.json").is_file():
+        return "ok", None, False
+    return "failed", last_error_line(proc.stderr) or f"exit status {proc.returncode}", False
+
+
+def last_error_line(stderr: str) -> str | None:
+    """The worker's own error line when there is one (torchrun prints its report after it)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for pattern in (r"^error: ", r"\b\w*(Error|Exception)\b: "):
+        found = [line for line in lines if re.search(pattern, line)]
+        if found:
+            return found[-1]
+    return lines[-1] if lines else None
+
+
+# ---- cost model ---------------------------------------------------------------------------------------------
+
+
+def point_prefix(point_dir: Path) -> int:
+    """A realistic cache prefix for the point: mean prompt tokens + half the mean output."""
+    prompts, outputs = [], []
+    results = point_dir / "results.jsonl"
+    if results.is_file():
+        for line in results.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if r.get("prompt_tokens"):
+                prompts.append(r["prompt_tokens"])
+                outputs.append(r.get("new_tokens") or 0)
+    if not prompts:
+        return 128
+    return max(1, round(sum(prompts) / len(prompts) + sum(outputs) / len(outputs) / 2))
+
+
+def cached(path: Path, compute):
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1), encoding="utf-8")
+    return value
+
+
+def cost_figures(row: dict, raw: dict, summary: dict, out: Path) -> dict:
+    from lp import cost_model
+
+    cfg = load_config_dict(copy.deepcopy(raw))
+    prefix = point_prefix(Path(raw["output"]["dir"]))
+    world = int(summary.get("world_size") or 1)
+    key = json.dumps([cfg.model.name, cfg.model.dtype, cfg.model.device, prefix, world])
+    curve_file = out / "cost" / f"curve-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
+    curve = cached(curve_file, lambda: {"model": cfg.model.name, "dtype": cfg.model.dtype, "prefix": prefix,
+                                        "concurrent": world,
+                                        "curve": cost_model.measure_job_curve(cfg, prefix, concurrent=world)}
+                   )["curve"]
+    collective_s = 0.0
+    if world > 1:
+        per_collective = (summary.get("bytes_per_round") or 0) / max(summary.get("collectives_per_round") or 1, 1)
+        numel = max(1, round(per_collective / 8 / world))   # int64 payload elements per rank
+        backend = summary.get("backend") if summary.get("backend") in ("gloo", "nccl") else "gloo"
+        rows = max(1, round(summary.get("rows_per_round") or 1))
+        candidates = 1 + cfg.lookahead.guesses * (cfg.lookahead.ngram - 1)
+        collective_s = cached(
+            out / "cost" / f"gather-{hashlib.sha1(key.encode()).hexdigest()[:10]}-{backend}-n{numel}-r{rows}.json",
+            lambda: {"seconds": cost_model.measure_collective(world, numel, backend=backend, cfg=cfg, prefix=prefix,
+                                                              rows=rows, candidates=candidates)})["seconds"]
+    la = cfg.lookahead
+    verify_s = cached(out / "cost" / f"verify-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json",
+                      lambda: {"seconds": cost_model.measure_verify(
+                          la.window, la.ngram, la.guesses, round(summary.get("max_rows_per_round") or 1),
+                          _vocab(cfg), cost_model._job_device(cfg))})["seconds"]
+    figures = cost_model.project(summary, curve, collective_s, verify_s)
+    measured = figures["measured_round_ms"]
+    figures["projection_error"] = (figures["projected_round_ms"] / measured - 1) if measured else None
+    return figures
+
+
+def _vocab(cfg) -> int:
+    from lp.models import load_model
+
+    return load_model(cfg.model.name, dtype=cfg.model.dtype, device="cpu" if cfg.model.device == "auto"
+                      else cfg.model.device).model.config.vocab_size
+
+
+# ---- plots --------------------------------------------------------------------------------------------------
+
+
+def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    others = [k for k in grid if k != "world_size"]
+
+    def series(ykey):
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for r in ok:
+            if r.get(ykey) in (None, ""):
+                continue
+            label = ", ".join(f"{k}={r[k]}" for k in others) or ykey
+            groups.setdefault(label, []).append((float(r["world_size"]), float(r[ykey])))
+        return {k: sorted(v) for k, v in groups.items()}
+
+    paths = []
+    specs = [
+        (PLOTS[0], "speedup", "world size P", "speedup over autoregressive", "Speedup vs world size"),
+        (PLOTS[2], "tokens_per_second", "world size P", "tokens / s", "Tokens/s vs world size"),
+    ]
+    for filename, ykey, xlabel, ylabel, title in specs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, pts in series(ykey).items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        if ykey == "tokens_per_second":
+            base = series("baseline_tokens_per_second")
+            for label, pts in base.items():
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x", linestyle="--",
+                        label=f"autoregressive ({label})" if others else "autoregressive")
+        if ykey == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        _finish(ax, fig, xlabel, ylabel, title, out / filename, paths)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    pts = [(float(r["rows_per_round"]), float(r["compression"])) for r in ok
+           if r.get("rows_per_round") not in (None, "") and r.get("compression") not in (None, "")]
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+        for r in ok:
+            if r.get("rows_per_round") not in (None, "") and r.get("compression") not in (None, ""):
+                ax.annotate(r["point"], (float(r["rows_per_round"]), float(r["compression"])), fontsize=7)
+    _finish(ax, fig, "rows per round (rank 0)", "S (tokens per forward)", "S vs rows per round",
+            out / PLOTS[1], paths)
+    plt.close("all")
+    return paths
+
+
+def _finish(ax, fig, xlabel, ylabel, title, path, paths):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "no finished points", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    paths.append(path)
+
+
+# ---- command line -------------------------------------------------------------------------------------------
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Sweep file (YAML): base + grid.")
+@click.option("--output", "output", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Sweep directory (default: the file's `output`, else runs/sweeps/<file stem>).")
+@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+              help="Seconds one point may run.")
+@click.option("--no-cost-model", is_flag=True, help="Do not measure the forward curve and collective latency.")
+def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model: bool) -> None:
+    """Run every grid point of a sweep (skipping finished ones), write sweep.csv and the plots."""
+    try:
+        base, grid, file_output = load_sweep(config_path)
+    except SweepError as e:
+        click.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
+    out = Path(output or file_output or Path("runs/sweeps") / config_path.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, start = [], time.perf_counter()
+    all_points = points(grid)
+    for i, point in enumerate(all_points, 1):
+        name = point_name(point)
+        raw = point_config(base, point, out / "points" / name)
+        t0 = time.perf_counter()
+        status, error, skipped = run_point(name, point, raw, out, timeout_s)
+        row = {**point, "point": name, "status": status, "error": error}
+        if skipped:
+            click.echo(f"[{i}/{len(all_points)}] {name}: skip (summary.json exists)")
+        else:
+            click.echo(f"[{i}/{len(all_points)}] {name}: {status} in {time.perf_counter() - t0:.1f} s"
+                       + (f": {error}" if error else ""))
+        if status == "ok":
+            summary = json.loads((Path(raw["output"]["dir"]) / "summary.json").read_text(encoding="utf-8"))
+            row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
+            if not no_cost_model:
+                try:
+                    row.update(cost_figures(row, raw, summary, out))
+                except Exception as e:  # noqa: BLE001  (the sweep's figures stand without the model)
+                    click.echo(f"  cost model failed: {type(e).__name__}: {e}", err=True)
+        rows.append(row)
+    fields = list(dict.fromkeys([*grid, "point", "status", "error", *SUMMARY_FIELDS, *COST_FIELDS]))
+    with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _fmt(row.get(k)) for k in fields})
+    if not no_cost_model:
+        click.echo("per-round time, projected (t_fwd(max rows) + verify + all_gather + host) vs measured "
+                   "(decode_seconds / rounds):")
+        for row in rows:
+            if row.get("projected_round_ms") is None:
+                continue
+            err = row.get("projection_error")
+            click.echo(f"  {row['point']}: measured {row['measured_round_ms']:.3f} ms, projected "
+                       f"{row['projected_round_ms']:.3f} ms = fwd({row['max_rows_per_round']:.1f} rows) "
+                       f"{row['projected_forward_ms']:.3f} + verify {row['verify_ms']:.3f} + gather {row['collective_ms']:.3f} + host "
+                       f"{row['host_ms_per_round']:.3f}; "
+                       + (f"{100 * err:+.1f}%" if err is not None else "n/a")
+                       + (f"; S={row['compression']:.2f}, projected speedup {row['projected_speedup']:.2f}"
+                          + (f", measured {row['speedup']:.2f}" if row.get("speedup") else "")
+                          if row.get("projected_speedup") else ""))
+    plot(rows, grid, out)
+    failed = sum(r["status"] != "ok" for r in rows)
+    click.echo(f"wrote {out / 'sweep.csv'} ({len(rows)} points, {failed} failed) and {len(PLOTS)} plots "
+               f"in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

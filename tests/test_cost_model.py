@@ -1,0 +1,65 @@
+"""The cost model's pure functions on synthetic data, and its forward-curve measurement."""
+import math
+
+import pytest
+
+from lp import cost_model as cm
+
+
+def line(a, b, rows=cm.ROWS):
+    return [{"rows": r, "seconds": a + b * r} for r in rows]
+
+
+def test_fit_recovers_a_linear_function():
+    a, b = cm.fit_linear(line(0.002, 0.00003))
+    assert math.isclose(a, 0.002, rel_tol=1e-9) and math.isclose(b, 0.00003, rel_tol=1e-9)
+
+
+def test_fit_of_noisy_points_is_least_squares():
+    curve = [{"rows": 1, "seconds": 1.0}, {"rows": 2, "seconds": 3.0}, {"rows": 3, "seconds": 2.0}]
+    a, b = cm.fit_linear(curve)
+    assert math.isclose(b, 0.5) and math.isclose(a, 1.0)
+
+
+def test_forward_time_interpolates_and_extrapolates():
+    curve = [{"rows": 1, "seconds": 1.0}, {"rows": 4, "seconds": 1.0}, {"rows": 8, "seconds": 3.0}]
+    assert cm.forward_time(curve, 1) == 1.0
+    assert cm.forward_time(curve, 2.5) == 1.0                  # flat part (a GPU below its knee)
+    assert math.isclose(cm.forward_time(curve, 6), 2.0)
+    assert math.isclose(cm.forward_time(curve, 16), 7.0)      # past the last point: the last slope
+    assert cm.forward_time(line(0.001, 0.0001), 100) == pytest.approx(0.011)
+    with pytest.raises(ValueError):
+        cm.forward_time([], 1)
+    spiky = [{"rows": 1, "seconds": 1.0}, {"rows": 2, "seconds": 5.0}, {"rows": 4, "seconds": 2.0}]
+    assert cm.forward_time(spiky, 2) == 2.0 and math.isclose(cm.forward_time(spiky, 1.5), 1.5)
+
+
+def test_projection_formula():
+    curve = line(0.010, 0.0001)                      # t_fwd(1) = 10.1 ms, t_fwd(40) = 14 ms
+    round_s = cm.project_round_seconds(curve, max_rows=40, collective_s=0.0005, host_s=0.0015)
+    assert round_s == pytest.approx(0.014 + 0.0005 + 0.0015)
+    assert cm.projected_speedup(2.5, curve, round_s) == pytest.approx(2.5 * 0.0101 / 0.016)
+    summary = {"rounds": 10, "decode_seconds": 0.2, "host_ms_per_round": 1.5, "max_rows_per_round": 40,
+               "compression": 2.5}
+    p = cm.project(summary, curve, 0.0005)
+    assert p["projected_round_ms"] == pytest.approx(16.0) and p["measured_round_ms"] == pytest.approx(20.0)
+    assert p["projected_forward_ms"] == pytest.approx(14.0) and p["collective_ms"] == pytest.approx(0.5)
+    assert p["projected_speedup"] == pytest.approx(2.5 * 10.1 / 16.0)
+
+
+def test_forward_curve_measures_every_row_count(tiny_model64):
+    for masked in (False, True):
+        curve = cm.forward_curve(tiny_model64, prefix=8, rows_list=[1, 4, 16], repeats=1, device="cpu",
+                                 masked=masked)
+        assert [p["rows"] for p in curve] == [1, 4, 16] and all(p["seconds"] > 0 for p in curve)
+
+
+def test_bare_collective_latency():
+    assert cm.measure_collective(1) == 0.0
+    assert 0 < cm.measure_collective(2, numel=8, repeats=5) < 1.0
+
+
+def test_verification_time_is_measured():
+    assert 0 < cm.measure_verify(window=4, ngram=4, guesses=4, rows=20, vocab=64, repeats=3) < 1.0
+    curve = line(0.001, 0.0)
+    assert cm.project_round_seconds(curve, 8, 0.0, 0.0, verify_s=0.0005) == pytest.approx(0.0015)

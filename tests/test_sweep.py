@@ -1,0 +1,81 @@
+"""scripts/sweep.py: a two-point CPU sweep (P = 1 and 2, tiny model), its CSV, plots and cost model
+figures; a rerun does no work; a failing point is recorded and the others still run."""
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png")
+BASE = {
+    "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float32", "device": "cpu"},
+    "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
+    "generation": {"max_new_tokens": 16, "stop": []},
+    "data": {"source": "jsonl", "path": str(ROOT / "configs" / "prompts-example.jsonl"), "limit": 2},
+    "distributed": {"backend": "gloo", "timeout_s": 60},
+    "baseline": {"enabled": True},
+}
+
+
+def sweep(tmp, grid, *extra):
+    spec = tmp / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": BASE, "grid": grid}))
+    out = tmp / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec),
+                           "--output", str(out), *extra], capture_output=True, text=True, timeout=600, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with open(out / "sweep.csv", newline="") as f:
+        return out, proc.stdout, list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def two_points(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    return tmp, *sweep(tmp, {"world_size": [1, 2]})
+
+
+def test_two_point_sweep_csv_and_plots(two_points):
+    tmp, out, stdout, rows = two_points
+    assert len(rows) == 2
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert [int(r["world_size"]) for r in rows] == [1, 2]
+    for r in rows:
+        assert int(r["new_tokens"]) > 0 and int(r["rounds"]) > 0
+        assert float(r["tokens_per_second"]) > 0 and float(r["baseline_tokens_per_second"]) > 0
+        assert float(r["speedup"]) > 0 and float(r["compression"]) >= 1
+        assert float(r["max_rows_per_round"]) >= float(r["rows_per_round"]) > 0
+        assert float(r["measured_round_ms"]) > 0 and float(r["projected_round_ms"]) > 0
+        assert r["projection_error"] != "" and float(r["verify_ms"]) > 0
+    assert rows[0]["backend"] and rows[1]["backend"] == "gloo"
+    assert float(rows[1]["collectives_per_round"]) > 0 and float(rows[1]["collective_ms"]) > 0
+    for name in PLOTS:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert "projected" in stdout and "measured" in stdout
+
+
+def test_rerun_does_no_work(two_points):
+    tmp, out, _, rows = two_points
+    summaries = sorted((out / "points").glob("*/summary.json"))
+    assert len(summaries) == 2
+    before = {p: p.stat().st_mtime_ns for p in [*summaries, *(out / "logs").glob("*.log"), *(out / "cost").glob("*")]}
+    t0 = time.perf_counter()
+    _, stdout, again = sweep(tmp, {"world_size": [1, 2]})
+    assert stdout.count("skip") == 2
+    assert {p: p.stat().st_mtime_ns for p in before} == before   # no job ran, nothing was measured again
+    assert [r["status"] for r in again] == ["ok", "ok"]
+    assert [r["measured_round_ms"] for r in again] == [r["measured_round_ms"] for r in rows]
+    assert time.perf_counter() - t0 < 30
+
+
+def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
+    out, stdout, rows = sweep(tmp_path, {"world_size": [1], "lookahead.window": [0, 3]}, "--no-cost-model")
+    assert [r["status"] for r in rows] == ["failed", "ok"]
+    assert "lookahead.window: 0" in rows[0]["error"]
+    assert rows[0]["lookahead.window"] == "0" and rows[1]["lookahead.window"] == "3"
+    assert int(rows[1]["new_tokens"]) > 0
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 0
