@@ -171,24 +171,24 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
     """Median seconds of a round's device-side verification (lp.engine's path after the forward:
     argmax of [rows, vocab] logits, indexing, greedy_verdict of `guesses` candidates, pack_payload,
     decide on the payload read back), on synthetic logits."""
-    from lp.verify import decide, greedy_verdict, pack_payload
+    from lp.verify import decide, greedy_verdict, pack_payload, padded
 
     device = torch.device(device)
     s, deep_slots = ngram - 1, window + ngram - 2
     rows = max(rows, 1 + guesses * s + window)
     logits = torch.randn(rows, vocab, device=device)
     cand = [tuple(range(s)) for _ in range(guesses)]
-    cand_rows = list(range(1, 1 + guesses * s))
+    cand_rows = [list(range(1 + c * s, 1 + (c + 1) * s)) for c in range(guesses)]
     deep_rows = list(range(rows - window, rows))
     times = []
     for _ in range(repeats + 3):
         sync(device)
         t = time.perf_counter()
         predicted = logits.argmax(-1)
-        index = lambda r: torch.tensor(r, dtype=torch.long, device=device)  # noqa: E731
-        head, after = greedy_verdict(predicted[0], torch.tensor(cand, dtype=torch.long, device=device).view(-1, s),
-                                     predicted[index(cand_rows)].view(-1, s), 0)
-        payload = pack_payload(head, after, predicted[index(deep_rows)], deep_slots)
+        head, after = greedy_verdict(predicted[0], padded(cand, s, -1).to(device),
+                                     predicted[padded(cand_rows, s, 0).to(device)], 0)
+        deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
+        payload = pack_payload(head, after, deep, deep_slots)
         decide(payload[None].tolist(), s)
         times.append(time.perf_counter() - t)
     return statistics.median(times[3:])

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from lp.verify import padded
+
 
 @dataclass
 class Comm:
@@ -34,19 +36,21 @@ class Comm:
     bytes_moved: int = 0        # bytes received by this rank in step-loop collectives
 
     def share_candidates(self, candidates: list[tuple[int, ...]] | None,
-                         suffix_len: int, capacity: int) -> list[tuple[int, ...]]:
-        """Rank 0's candidate list, on every rank."""
+                         width: int, capacity: int) -> list[tuple[int, ...]]:
+        """Rank 0's candidate list (at most `capacity` candidates of at most `width`
+        tokens), on every rank."""
         if self.world == 1:
             return candidates
-        buf = torch.full((1 + capacity * suffix_len,), -1, dtype=torch.long)
+        buf = torch.full((1 + capacity * width,), -1, dtype=torch.long)
         if self.rank == 0:
             buf[0] = len(candidates)
-            if candidates:
-                buf[1:1 + len(candidates) * suffix_len] = torch.tensor(candidates, dtype=torch.long).flatten()
+            if candidates:   # rows padded with -1, which is never a token
+                buf[1:1 + len(candidates) * width] = padded(candidates, width, -1).flatten()
         dist.broadcast(buf, 0, group=self.cpu_group)
         self._count(buf)
         count = int(buf[0])
-        return [tuple(row) for row in buf[1:1 + count * suffix_len].view(count, suffix_len).tolist()]
+        rows = buf[1:1 + count * width].view(count, width).tolist()
+        return [tuple(t for t in row if t >= 0) for row in rows]
 
     def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
         """[world, L] stack of every rank's [L] payload."""

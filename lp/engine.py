@@ -2,10 +2,12 @@
 
 Each round is ONE forward over: the ordinary rows (committed tokens not yet in
 the cache; the whole prompt in the first round, so prefill is a round too),
-the Jacobi window, and the candidate suffixes that the n-gram pool holds for
-the last committed token. The round commits z* plus the longest verified
-candidate prefix plus the target's next prediction, moves the window one
-column, harvests n-grams into the pool and publishes the accepted rows' K/V.
+the Jacobi window, the candidate suffixes that the n-gram pool holds for
+the last committed token, and the prompt/output lookup candidates (spans that
+followed earlier occurrences of the last few tokens, of any length up to
+`lookup_tokens`). The round commits z* plus the longest verified candidate
+prefix plus the target's next prediction, moves the window one column,
+harvests n-grams into the pool and publishes the accepted rows' K/V.
 Greedy output is identical to plain greedy decoding.
 """
 from __future__ import annotations
@@ -20,26 +22,46 @@ import torch
 from lp.dist import Comm
 from lp.kv_cache import cache_length, crop, forward_logits, new_cache, publish
 from lp.layout import build_round, pack
+from lp.lookup import LookupIndex, merge_candidates
 from lp.pool import NGramPool, sequence_ngrams
 from lp.sampling import Draws, distribution, group_by_first_token, group_starts, verify_sampling, warpers
 from lp.shard import shard_plan, snap_to_groups
 from lp.stopping import StopChecker
-from lp.verify import decide, greedy_verdict, pack_payload
+from lp.verify import decide, greedy_verdict, pack_payload, padded
 from lp.window import JacobiWindow
 
 
 @dataclass
 class LookaheadParams:
-    """Config section `lookahead`: W columns, N-gram size, G guesses per round."""
+    """Config section `lookahead`: W columns, N-gram size, G pool guesses per round,
+    plus up to `lookup_candidates` prompt/output lookup candidates of up to
+    `lookup_tokens` tokens, matched on the last `lookup_ngram`..1 tokens."""
     window: int = 15
     ngram: int = 5
     guesses: int = 15
     pool_seeding: bool = True  # seed the pool from the prompt and the committed output
+    lookup_candidates: int = 0  # 0: no lookup candidates
+    lookup_tokens: int = 10
+    lookup_ngram: int = 3
+
+    @property
+    def width(self) -> int:
+        """Longest candidate a round can verify: N-1 (pool) or lookup_tokens."""
+        return max(self.ngram - 1, self.lookup_tokens if self.lookup_candidates else 0)
+
+    @property
+    def capacity(self) -> int:
+        """Most candidates a round can verify."""
+        return self.guesses + self.lookup_candidates
 
     def problems(self) -> list[str]:
         out = []
-        if self.window < 1:
-            out.append(f"lookahead.window: {self.window!r} must be >= 1")
+        if self.window < 0:
+            out.append(f"lookahead.window: {self.window!r} must be >= 0 (0: no Jacobi window)")
+        for key in ("lookup_candidates", "lookup_tokens", "lookup_ngram"):
+            low = 0 if key == "lookup_candidates" else 1
+            if getattr(self, key) < low:
+                out.append(f"lookahead.{key}: {getattr(self, key)!r} must be >= {low}")
         if self.ngram < 3:
             out.append(f"lookahead.ngram: {self.ngram!r} must be >= 3")
         if self.guesses < 0:
@@ -140,12 +162,15 @@ def lookahead_generate(
     if not prompt:
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
     n, w, g = lookahead.ngram, lookahead.window, lookahead.guesses
-    s = n - 1
-    deep_slots = w + n - 2       # widest deepest level a rank can hold (first warmup round)
+    s, width = n - 1, lookahead.width   # pool suffix length; longest candidate
+    deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
     device = next(model.parameters()).device
 
-    pool = NGramPool(s, g) if comm.rank == 0 else None
-    window = JacobiWindow.seeded(n, w, window_seed(prompt, w + n - 3))
+    source = comm.rank == 0      # rank 0 alone proposes candidates
+    pool = NGramPool(s, g) if source and g else None
+    lookup = LookupIndex(lookahead.lookup_ngram, prompt) if source and lookahead.lookup_candidates else None
+    window = JacobiWindow.seeded(n, w, window_seed(prompt, w + n - 3)) if w else None
+    levels = window.levels if window is not None else []
     stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
     cache = new_cache(model)
     tokens = list(prompt)        # committed: prompt + output
@@ -164,27 +189,31 @@ def lookahead_generate(
         round_start = time.perf_counter()
         x_t = tokens[-1]
         past = cache_length(cache)
-        candidates = comm.share_candidates(pool.candidates(x_t, g) if pool is not None else None, s, g)
-        plan = shard_plan(comm.world, window.columns, window.depth, len(candidates), s, len(ordinary))
+        proposed = merge_candidates(
+            lookup.candidates(lookahead.lookup_candidates, lookahead.lookup_tokens) if lookup is not None else (),
+            pool.candidates(x_t, g) if pool is not None else ()) if source else None
+        candidates = comm.share_candidates(proposed, width, lookahead.capacity)
+        lengths = tuple(len(c) for c in candidates)
+        columns = window.columns if window is not None else 0
+        plan = shard_plan(comm.world, columns, len(levels), lengths, len(ordinary))
         if warp is not None:     # an LP rank must hold every candidate that shares a first token
             candidates = group_by_first_token(candidates)
-            plan = snap_to_groups(plan, group_starts(candidates), s)
+            lengths = tuple(len(c) for c in candidates)
+            plan = snap_to_groups(plan, group_starts(candidates), lengths)
         mine = plan[comm.rank]
         guesses = candidates[mine.candidates.start:mine.candidates.stop]
-        rnd = build_round(ordinary, len(tokens) - 1, window.levels, guesses, columns=mine.columns)
+        rnd = build_round(ordinary, len(tokens) - 1, levels, guesses, columns=mine.columns)
         ids, pos, mask, keep = pack(rnd, past, model.dtype, device)
 
         forward_start = time.perf_counter()
         logits = forward_logits(model, ids, pos, mask, cache, keep)
         predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
         at = {row: k for k, row in enumerate(rnd.logit_rows)}
-        index = lambda rows: torch.tensor([at[r] for r in rows], dtype=torch.long, device=device)  # noqa: E731
-        if warp is None:
+        if warp is None:         # candidates padded to `width`: -1 guesses never match
+            cand_logits = padded([[at[r] for r in rows] for rows in rnd.cand_rows], width, 0)
             head, after = greedy_verdict(
-                predicted[at[rnd.last_ordinary]],
-                torch.tensor(guesses, dtype=torch.long, device=device).view(len(guesses), s),
-                predicted[index([r for rows in rnd.cand_rows for r in rows])].view(len(guesses), s),
-                mine.candidates.start)
+                predicted[at[rnd.last_ordinary]], padded(guesses, width, -1).to(device),
+                predicted[cand_logits.to(device)], mine.candidates.start)
         else:
             first = mine.candidates.start
             sampled = verify_sampling(
@@ -192,20 +221,25 @@ def lookahead_generate(
                 lambda c, o: distribution(logits[at[rnd.cand_rows[c - first][o]]], warp),
                 draws, result.forwards, owned=lambda c: c in mine.candidates)
             head = torch.tensor([sampled.emitted[0], sampled.hits, sampled.survivor])
-            after = torch.tensor((sampled.emitted[1:] + [0] * s)[:s])
-        payload = pack_payload(head, after, predicted[index(rnd.deep_rows)], deep_slots)
-        decision = decide(comm.all_gather(payload).tolist(), s)   # the round's one sync
+            after = torch.tensor((sampled.emitted[1:] + [0] * width)[:width])
+        deep = predicted[torch.tensor([at[r] for r in rnd.deep_rows], dtype=torch.long, device=device)]
+        payload = pack_payload(head, after, deep, deep_slots)
+        decision = decide(comm.all_gather(payload).tolist(), width)   # the round's one sync
         forward_seconds = time.perf_counter() - forward_start
 
-        if pool is not None:
-            pool.update(window.ngrams(x_t, decision.deepest))
-        window.advance(decision.deepest)
+        if window is not None:
+            if pool is not None:
+                pool.update(window.ngrams(x_t, decision.deepest))
+            window.advance(decision.deepest)
+            levels = window.levels
         emitted = []
         for token in decision.emitted:
             emitted.append(token)
             if stopper.push(token):
                 break
         tokens += emitted
+        if lookup is not None:
+            lookup.extend(emitted)
         if comm.world == 1:      # publish the accepted rows' K/V; the last token is next round's row
             accepted = [past + r for r in rnd.cand_rows[decision.candidate][:decision.hits]] if decision.hits else []
             publish(cache, past + len(ordinary), accepted)

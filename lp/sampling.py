@@ -8,8 +8,10 @@ and p renormalised (the residual); when every distinct proposal is
 rejected, the token is drawn from the residual. This is speculative
 sampling with one-hot drafts, so each emitted token is distributed exactly
 as plain sampling. After an accepted token only the candidates that carry it
-survive, and the next offset reads a surviving candidate's row. After a
-fully accepted suffix the next token is drawn from the last row.
+survive, and the next offset reads a surviving candidate's row (they share
+the prefix, so their rows agree). Candidates may differ in length: at each
+offset only the survivors that reach it propose. When no survivor reaches
+the next offset, its token is drawn from the last row.
 
 Random numbers are a pure function of (seed, request, round, offset, draw),
 never of which worker asks, so every LP rank makes the same offset-0
@@ -113,16 +115,18 @@ def verify_sampling(
     followed (an LP rank holds the rows of its own candidates); if the
     survivors are not owned here the round stops after the offset-0 token."""
     alive = list(range(len(candidates)))
-    p, emitted, depth = first, [], len(candidates[0]) if candidates else 0
-    for s in range(depth + 1):
-        proposals = list(dict.fromkeys(candidates[c][s] for c in alive)) if s < depth else []
+    p, emitted, s = first, [], 0
+    while True:
+        # candidates may differ in length: only those that reach offset s propose there
+        proposals = list(dict.fromkeys(candidates[c][s] for c in alive if len(candidates[c]) > s))
         token, accepted = try_proposals(p, proposals, lambda i: draws.uniform(round_, s, i))
         emitted.append(token)
         if not accepted:
             break
-        alive = [c for c in alive if candidates[c][s] == token]
+        alive = [c for c in alive if len(candidates[c]) > s and candidates[c][s] == token]
         if not owned(alive[0]):
             return Sampled(emitted, 0, -1)
         p = row(alive[0], s)
+        s += 1
     hits = len(emitted) - 1
     return Sampled(emitted, hits, alive[0] if hits else -1)

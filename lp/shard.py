@@ -5,12 +5,14 @@ of the candidates; blocks and slices follow rank order, so concatenating the
 ranks' outputs gives column order and candidate order. Costs are real row
 counts: every rank feeds all ordinary rows; a block ending at column e also
 feeds base cells b_1..b_{e-1} (its rows attend to them) plus its own deeper
-cells; each candidate costs S rows. The plan minimises the largest rank's
+cells; candidate c costs its length in rows. The plan minimises the largest rank's
 rows exactly (binary search on the bound, dynamic programme per bound).
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from functools import lru_cache
+from itertools import accumulate
 from typing import NamedTuple
 
 
@@ -29,44 +31,47 @@ def block_rows(start: int, stop: int, depth: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def shard_plan(world: int, columns: int, depth: int, candidates: int,
-               suffix_len: int, ordinary: int = 1) -> tuple[Shard, ...]:
+def shard_plan(world: int, columns: int, depth: int, lengths: tuple[int, ...],
+               ordinary: int = 1) -> tuple[Shard, ...]:
     """Balanced plan for `world` ranks over `columns` window columns (depth = filled
-    levels) and `candidates` suffixes of `suffix_len` rows each."""
+    levels) and candidates of `lengths[c]` rows each."""
     if world < 1:
         raise ValueError("world size must be >= 1")
+    if world == 1:   # one rank takes everything
+        return (Shard(range(columns), range(len(lengths)),
+                      ordinary + block_rows(0, columns, depth) + sum(lengths)),)
+    prefix = list(accumulate(lengths, initial=0))
     lo = ordinary
-    hi = ordinary + block_rows(0, columns, depth) + candidates * suffix_len
+    hi = ordinary + block_rows(0, columns, depth) + prefix[-1]
     while lo < hi:   # smallest bound for which a plan exists
         mid = (lo + hi) // 2
-        if _split(world, columns, depth, candidates, suffix_len, ordinary, mid) is None:
+        if _split(world, columns, depth, prefix, ordinary, mid) is None:
             lo = mid + 1
         else:
             hi = mid
-    return _split(world, columns, depth, candidates, suffix_len, ordinary, lo)
+    return _split(world, columns, depth, prefix, ordinary, lo)
 
 
-def _split(world, columns, depth, candidates, suffix_len, ordinary, bound):
-    """A plan whose ranks all stay within `bound` rows, or None."""
-    def room(rows):  # candidates that still fit beside `rows` rows
-        return (bound - rows) // suffix_len if suffix_len else candidates
+def _split(world, columns, depth, prefix, ordinary, bound):
+    """A plan whose ranks all stay within `bound` rows, or None.
 
-    # best[r][e]: most candidate room for ranks 0..r-1 covering columns [0, e)
-    neg = -1
-    best = [[neg] * (columns + 1) for _ in range(world + 1)]
+    best[r][e]: the most leading candidates ranks 0..r-1 can take while covering
+    columns [0, e); taking more leading candidates never hurts later ranks, so
+    each rank takes all the candidates that fit beside its block."""
+    candidates = len(prefix) - 1
+    best = [[-1] * (columns + 1) for _ in range(world + 1)]
     cut = [[0] * (columns + 1) for _ in range(world + 1)]
     best[0][0] = 0
     for r in range(1, world + 1):
         for e in range(columns + 1):
             for s in range(e + 1):
-                if best[r - 1][s] < 0:
-                    continue
+                done = best[r - 1][s]
                 rows = ordinary + block_rows(s, e, depth)
-                if rows > bound:
+                if done < 0 or rows > bound:
                     continue
-                value = best[r - 1][s] + room(rows)
-                if value > best[r][e]:
-                    best[r][e], cut[r][e] = value, s
+                taken = bisect_right(prefix, prefix[done] + bound - rows) - 1
+                if taken > best[r][e]:
+                    best[r][e], cut[r][e] = taken, s
     if best[world][columns] < candidates:
         return None
     stops = [columns]
@@ -74,20 +79,18 @@ def _split(world, columns, depth, candidates, suffix_len, ordinary, bound):
         stops.append(cut[r][stops[-1]])
     bounds = stops[::-1]   # bounds[k]..bounds[k+1] is rank k's block
     base = [ordinary + block_rows(bounds[k], bounds[k + 1], depth) for k in range(world)]
-    counts = [0] * world
-    for _ in range(candidates):   # each candidate to the least loaded rank that has room
-        k = min((k for k in range(world) if base[k] + (counts[k] + 1) * suffix_len <= bound),
-                key=lambda k: (base[k] + counts[k] * suffix_len, k))
-        counts[k] += 1
-    shards, first = [], 0
-    for k in range(world):
-        shards.append(Shard(range(bounds[k], bounds[k + 1]), range(first, first + counts[k]),
-                            base[k] + counts[k] * suffix_len))
-        first += counts[k]
-    return tuple(shards)
+    # candidate slices in rank order; the last ranks fill up to the bound, rank 0
+    # (which also runs the pool) takes what is left
+    stops = [candidates]
+    for k in range(world - 1, 0, -1):
+        stops.append(min(stops[-1], max(0, bisect_left(prefix, prefix[stops[-1]] - (bound - base[k])))))
+    cuts = [0] + stops[::-1]
+    shards = tuple(Shard(range(bounds[k], bounds[k + 1]), range(cuts[k], cuts[k + 1]),
+                         base[k] + prefix[cuts[k + 1]] - prefix[cuts[k]]) for k in range(world))
+    return shards
 
 
-def snap_to_groups(plan: tuple[Shard, ...], starts: list[int], suffix_len: int) -> tuple[Shard, ...]:
+def snap_to_groups(plan: tuple[Shard, ...], starts: list[int], lengths: tuple[int, ...]) -> tuple[Shard, ...]:
     """Move each rank's candidate cut to the nearest group start (ties: the earlier),
     so that candidates of one group stay on one rank."""
     cuts, first = [], 0
@@ -97,7 +100,8 @@ def snap_to_groups(plan: tuple[Shard, ...], starts: list[int], suffix_len: int) 
         cuts.append(cut)
         first = cut
     bounds = [0] + cuts + [starts[-1] if starts else 0]
+    rows = lambda r: sum(lengths[r.start:r.stop])  # noqa: E731
     return tuple(
         Shard(sh.columns, range(bounds[k], bounds[k + 1]),
-              sh.rows + (bounds[k + 1] - bounds[k] - len(sh.candidates)) * suffix_len)
+              sh.rows - rows(sh.candidates) + rows(range(bounds[k], bounds[k + 1])))
         for k, sh in enumerate(plan))

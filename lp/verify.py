@@ -14,19 +14,26 @@ import torch
 HEADER = 4   # payload: z*, best hits, best global candidate index, deepest-output count
 
 
+def padded(rows: Sequence[Sequence[int]], width: int, fill: int) -> torch.Tensor:
+    """[len(rows), width] int64 tensor of rows of different lengths, padded with `fill`."""
+    flat = [t for row in rows for t in (*row, *(fill,) * (width - len(row)))]
+    return torch.tensor(flat, dtype=torch.long).view(len(rows), width)
+
+
 def greedy_hits(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
     """Accepted guess tokens per candidate, [C].
 
     Candidate c matches a tokens when g_1 = z* (the ordinary row's argmax) and
     g_{s+1} = predictions[c, s-1] for s < a; `predictions[c, s]` is the argmax of
-    candidate c's row at offset s."""
+    candidate c's row at offset s. Candidates shorter than the tensor's width are
+    padded with -1, which matches no prediction."""
     ok = torch.cat([guesses[:, :1] == next_token, guesses[:, 1:] == predictions[:, :-1]], dim=1)
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
 def greedy_verdict(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor,
                    first_candidate: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head [z*, hits, global index], the best candidate's S predictions), on the device."""
+    """(head [z*, hits, global index], the best candidate's predictions [width]), on the device."""
     if guesses.shape[0]:
         hits = greedy_hits(next_token, guesses, predictions)
         best = hits.argmax()                    # first maximum: ties go to the lowest index
@@ -39,7 +46,7 @@ def greedy_verdict(next_token: torch.Tensor, guesses: torch.Tensor, predictions:
 def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
                  deep_slots: int) -> torch.Tensor:
     """One worker's fixed-size int64 payload: [z, hits, global candidate index,
-    deepest count, S tokens emitted after z (the first `hits` are valid),
+    deepest count, `width` tokens emitted after z (the first `hits` are valid),
     deepest outputs padded to `deep_slots`]."""
     device = deepest.device
     count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
@@ -54,7 +61,7 @@ class Decision(NamedTuple):
     deepest: list[int]      # deepest-level outputs of the whole window, in column order
 
 
-def decide(payloads: Sequence[Sequence[int]], suffix_len: int) -> Decision:
+def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
     """The round's outcome, identical on every worker.
 
     Rank 0's z* is authoritative (a worker whose z* differs counts as no hit);
@@ -67,7 +74,7 @@ def decide(payloads: Sequence[Sequence[int]], suffix_len: int) -> Decision:
             continue
         if best is None or (hits, -index) > (best[1], -best[2]):
             best = row
-    deepest = [t for row in payloads for t in row[HEADER + suffix_len:HEADER + suffix_len + row[3]]]
+    deepest = [t for row in payloads for t in row[HEADER + width:HEADER + width + row[3]]]
     if best is None:
         return Decision([z], 0, -1, deepest)
     hits = best[1]

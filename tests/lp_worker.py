@@ -37,6 +37,11 @@ def count_collectives():
         setattr(dist, name, wrapped)
 
 
+def params(case) -> LookaheadParams:
+    """A case's lookahead settings: W, N, G plus optional lookup keys."""
+    return LookaheadParams(case["w"], case["n"], case["g"], **case.get("lookup", {}))
+
+
 def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
@@ -47,7 +52,7 @@ def main(spec_path, out_dir):
     for case in spec["cases"]:
         before = Counter(calls)
         gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
-        r = lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]), gen,
+        r = lookahead_generate(model, case["prompt"], params(case), gen,
                                eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0))
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
                             forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,

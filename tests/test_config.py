@@ -22,7 +22,10 @@ BAD = [
     ("unknown-section", {"modle": {"name": "x"}}, [], "modle:"),
     ("unknown-key", {"lookahead": {"windw": 7}}, [], "lookahead.windw:"),
     ("section-not-mapping", {"lookahead": 7}, [], "lookahead:"),
-    ("window-zero", {"lookahead": {"window": 0}}, [], "lookahead.window:"),
+    ("window-negative", {"lookahead": {"window": -1}}, [], "lookahead.window:"),
+    ("lookup-tokens-zero", {"lookahead": {"lookup_tokens": 0}}, [], "lookahead.lookup_tokens:"),
+    ("lookup-ngram-zero", {"lookahead": {"lookup_ngram": 0}}, [], "lookahead.lookup_ngram:"),
+    ("lookup-candidates-negative", {"lookahead": {"lookup_candidates": -2}}, [], "lookahead.lookup_candidates:"),
     ("window-string", {"lookahead": {"window": "15"}}, [], "lookahead.window:"),
     ("window-float", {"lookahead": {"window": 1.5}}, [], "lookahead.window:"),
     ("ngram-bool", {"lookahead": {"ngram": True}}, [], "lookahead.ngram:"),
@@ -49,7 +52,7 @@ BAD = [
     ("backend", {"distributed": {"backend": "mpi"}}, [], "distributed.backend:"),
     ("timeout-zero", {"distributed": {"timeout_s": 0}}, [], "distributed.timeout_s:"),
     ("timeout-string", {"distributed": {"timeout_s": "5m"}}, [], "distributed.timeout_s:"),
-    ("set-bad-range", {}, ["lookahead.window=0"], "lookahead.window:"),
+    ("set-bad-range", {}, ["lookahead.window=-3"], "lookahead.window:"),
     ("set-bad-type", {}, ["lookahead.pool_seeding=maybe"], "lookahead.pool_seeding:"),
     ("set-unknown-key", {}, ["generation.beam_size=4"], "generation.beam_size:"),
     ("set-unknown-section", {}, ["sampling.top_k=5"], "sampling:"),
@@ -113,7 +116,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, monkeypatch, mapping, overr
 def test_all_problems_are_reported_one_line_each(tmp_path):
     mapping = {
         "model": {"dtype": "int4", "device": "tpu"},
-        "lookahead": {"window": 0, "ngram": "5", "guesses": -3, "pool_seeding": 0, "level": 2},
+        "lookahead": {"window": -1, "ngram": "5", "guesses": -3, "pool_seeding": 0, "level": 2},
         "generation": {"max_new_tokens": -1, "method": "greedy"},
         "data": {"source": "jsonl", "offset": -2, "limit": 0},
         "output": {"evaluate": True},
@@ -131,7 +134,7 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
     message_lines = str(err.value).splitlines()[1:]
     assert [line.strip() for line in message_lines] == err.value.problems
     # each line: `<key path>: <value!r> <what is allowed>`
-    assert "lookahead.window: 0 must be >= 1" in err.value.problems
+    assert "lookahead.window: -1 must be >= 0 (0: no Jacobi window)" in err.value.problems
     assert "lookahead.ngram: '5' must be an integer" in err.value.problems
 
 
@@ -306,7 +309,7 @@ def test_set_overrides():
 
 
 def test_set_later_wins_and_can_fix_a_bad_file(tmp_path):
-    path = write(tmp_path, {"lookahead": {"window": 0}, "data": {"source": "jsonl"}})
+    path = write(tmp_path, {"lookahead": {"window": -1}, "data": {"source": "jsonl"}})
     cfg = load_config(path, ["lookahead.window=2", "lookahead.window=4", "data.path=p.jsonl"])
     assert cfg.lookahead.window == 4 and cfg.data.path == "p.jsonl"
 

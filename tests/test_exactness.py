@@ -110,7 +110,7 @@ def test_pool_seeding_off_is_exact_too(model16, references):
         assert run(model16, prompt, 5, 5, 5, seeding=False).token_ids == references[tuple(prompt)]
 
 
-@pytest.mark.parametrize("bad,key", [((2, 5, 5), "ngram"), ((5, 0, 5), "window"), ((5, 5, -1), "guesses")])
+@pytest.mark.parametrize("bad,key", [((2, 5, 5), "ngram"), ((5, -1, 5), "window"), ((5, 5, -1), "guesses")])
 def test_bad_params_rejected_before_model_work(bad, key):
     n, w, g = bad
 
@@ -119,3 +119,77 @@ def test_bad_params_rejected_before_model_work(bad, key):
 
     with pytest.raises(ValueError, match=f"lookahead.{key}"):
         lookahead_generate(NoModel(), [1, 2], LookaheadParams(w, n, g), GenerationParams(4))
+
+
+# ---------------------------------------------------------------- lookup candidates
+
+# (W, N, G, lookup candidates, lookup tokens, lookup ngram); W = 0: no Jacobi window
+LOOKUP_GRID = [(0, 3, 0, 2, 10, 3), (0, 4, 5, 2, 6, 2), (2, 4, 5, 2, 8, 3), (5, 5, 15, 3, 12, 2),
+               (1, 3, 1, 2, 6, 1), (15, 7, 15, 4, 9, 4)]
+# prompts that repeat a span: lookup copies it, so a long round holds tokens not yet in the output
+# (found by search with this model; EOS can then fall past the N-th token of such a round)
+SPAN_PROMPTS = [[4, 9, 4, 3, 12, 13, 1, 8, 15, 12, 9, 15, 11, 6, 8, 4, 9, 3, 2, 12, 13, 1],
+                [10, 11, 1, 15, 11, 3, 4, 8, 0, 1, 1, 6, 8, 13, 11, 5, 6, 11, 3],
+                [15, 3, 1, 14, 10, 3, 9, 4, 12, 9, 6, 1, 12, 14, 11, 15],
+                [0, 13, 2, 3, 13, 13, 13, 0, 15, 13, 2], [9, 8, 8, 7, 0, 3, 3, 5, 13, 7, 13, 8]]
+
+
+def run_lookup(model, prompt, cfg, max_new=NEW, eos=()):
+    w, n, g, lc, k, m = cfg
+    return lookahead_generate(model, prompt, LookaheadParams(w, n, g, True, lc, k, m),
+                              GenerationParams(max_new), eos_token_ids=list(eos))
+
+
+@pytest.mark.parametrize("cfg", LOOKUP_GRID)
+def test_lookup_candidates_identical_to_generate(model16, references, cfg):
+    n, k = cfg[1], cfg[4]
+    emitted = []
+    for prompt in PROMPTS:
+        r = run_lookup(model16, prompt, cfg)
+        assert r.token_ids == references[tuple(prompt)], (prompt, cfg)
+        assert sum(r.emitted_per_round) == NEW and max(r.emitted_per_round) <= max(n, k + 1)
+        emitted += r.emitted_per_round
+    if k + 1 > n:   # lookup really wins rounds: some emit more than a Jacobi n-gram can
+        assert max(emitted) > n, cfg
+
+
+def long_round_cuts(model, cfg):
+    """For each prompt, the first round that emits more than N tokens:
+    (prompt, tokens before it, tokens it emits, the full output)."""
+    n = cfg[1]
+    for prompt in PROMPTS + SPAN_PROMPTS:
+        r = run_lookup(model, prompt, cfg)
+        done = 0
+        for e in r.emitted_per_round:
+            if e > n:
+                yield prompt, done, e, r.token_ids
+                break
+            done += e
+
+
+def fresh_eos(full, before, emitted):
+    """The last offset j (1 <= j < emitted) inside the round whose token has not occurred
+    in the output before it: with it as EOS, generation stops at j inside that round."""
+    inside = [j for j in range(1, emitted) if full[before + j] not in full[:before + j]]
+    return inside[-1] if inside else None
+
+
+LONG_CUT_CONFIGS = [(0, 3, 0, 2, 10, 3), (2, 4, 5, 2, 8, 3)]
+
+
+@pytest.mark.parametrize("cfg", LONG_CUT_CONFIGS)
+def test_max_new_tokens_and_eos_inside_a_long_round(model16, cfg):
+    cases, eos_cases = 0, 0
+    for prompt, before, emitted, full in long_round_cuts(model16, cfg):
+        limit = before + emitted - 1          # the round loses its last token
+        r = run_lookup(model16, prompt, cfg, max_new=limit)
+        assert r.token_ids == greedy(model16, prompt, limit) == full[:limit]
+        assert r.finish_reason == "length"
+        cases += 1
+        j = fresh_eos(full, before, emitted)
+        if j is not None:
+            r = run_lookup(model16, prompt, cfg, eos=[full[before + j]])
+            assert r.token_ids == greedy(model16, prompt, NEW, eos=full[before + j]) == full[:before + j + 1]
+            assert r.finish_reason == "eos"
+            eos_cases += 1
+    assert cases >= 3 and eos_cases >= 1

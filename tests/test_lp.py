@@ -11,37 +11,49 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.engine import GenerationParams, lookahead_generate
 from lp.models import tiny_random_llama
+from lp_worker import params
+from test_exactness import SPAN_PROMPTS, fresh_eos
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"vocab": 16, "seed": 1}
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 7, 7, 8, 9, 10], [3], [12, 4, 12, 4, 9, 1, 0, 5]]
 CONFIGS = [(1, 3, 5), (2, 4, 5), (5, 5, 15), (15, 4, 7), (3, 5, 0), (3, 7, 15)]   # (W, N, G); W < P included
+# with prompt/output lookup candidates (variable lengths, rounds longer than N); W = 0: no window
+LOOKUP_CONFIGS = [(0, 3, 0, 2, 10, 3), (2, 4, 5, 2, 8, 3), (5, 5, 15, 3, 12, 2)]
 NEW = 32
 
 
+def lookup_case(prompt, cfg, max_new=NEW):
+    w, n, g, lc, k, m = cfg
+    return dict(prompt=prompt, w=w, n=n, g=g, max_new=max_new,
+                lookup=dict(lookup_candidates=lc, lookup_tokens=k, lookup_ngram=m))
+
+
 def single(model, case):
-    return lookahead_generate(model, case["prompt"], LookaheadParams(case["w"], case["n"], case["g"]),
+    return lookahead_generate(model, case["prompt"], params(case),
                               GenerationParams(case["max_new"]), eos_token_ids=case.get("eos", []))
 
 
 def cut_cases(model):
-    """max_new_tokens and EOS falling inside a multi-token round."""
+    """max_new_tokens and EOS falling inside a multi-token round, and inside a lookup
+    round that emits more than N tokens."""
+    bases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for w, n, g in [(5, 5, 15), (2, 4, 5)] for p in PROMPTS]
+    bases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
     cases = []
-    for w, n, g in [(5, 5, 15), (2, 4, 5)]:
-        for prompt in PROMPTS:
-            base = dict(prompt=prompt, w=w, n=n, g=g, max_new=NEW)
-            r = single(model, base)
-            done = 0
-            for e in r.emitted_per_round:
-                if e >= 2:
-                    cases.append(dict(base, max_new=done + 1))
-                    eos = r.token_ids[done + 1]
-                    if eos not in r.token_ids[:done + 1]:
-                        cases.append(dict(base, eos=[eos]))
-                    break
-                done += e
+    for base in bases:
+        r = single(model, base)
+        long = "lookup" in base
+        done = 0
+        for e in r.emitted_per_round:
+            if e > (base["n"] if long else 1):
+                cases.append(dict(base, max_new=done + (e - 1 if long else 1)))
+                j = fresh_eos(r.token_ids, done, e) if long else 1
+                if j is not None and r.token_ids[done + j] not in r.token_ids[:done + j]:
+                    cases.append(dict(base, eos=[r.token_ids[done + j]]))
+                break
+            done += e
     return cases
 
 
@@ -49,8 +61,11 @@ def cut_cases(model):
 def cases_and_reference():
     model = tiny_random_llama(**MODEL).model.double()
     cases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for (w, n, g) in CONFIGS for p in PROMPTS]
+    cases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS for p in PROMPTS]
     cuts = cut_cases(model)
     assert any("eos" in c for c in cuts) and any(c["max_new"] < NEW for c in cuts)
+    long_cuts = [c for c in cuts if "lookup" in c]
+    assert any("eos" in c for c in long_cuts) and any(c["max_new"] < NEW for c in long_cuts)
     cases += cuts
     return cases, [single(model, c) for c in cases]
 
@@ -85,6 +100,7 @@ def test_world_sizes_match_single_worker(nproc, cases_and_reference, tmp_path):
             got = ranks[0]["results"][i]
             assert max(got["max_rows"]) <= max(ref.rows_per_round)
     assert accepted_multi > 20
+    assert any(max(ref.emitted_per_round) > case["n"] for case, ref in zip(cases, reference) if "lookup" in case)
 
 
 def test_collectives_per_round(cases_and_reference, tmp_path):
@@ -114,7 +130,9 @@ def test_sampling_two_workers_match_one(tmp_path):
     cases = [dict(prompt=PROMPT, w=3, n=3, g=4, max_new=3, sampling=sampling, request=i) for i in range(n)]
     cases += [dict(prompt=[t % 8 for t in p], w=w, n=nn, g=g, max_new=24, sampling=sampling, request=f"long{i}")
               for i, (p, (w, nn, g)) in enumerate(itertools.product(PROMPTS[:2], CONFIGS[:4]))]
-    single_runs = [lookahead_generate(model, c["prompt"], LookaheadParams(c["w"], c["n"], c["g"]),
+    cases += [dict(lookup_case([t % 8 for t in p], cfg, max_new=24), sampling=sampling, request=f"lookup{i}")
+              for i, (p, cfg) in enumerate(itertools.product(PROMPTS[:2] + SPAN_PROMPTS[:2], LOOKUP_CONFIGS))]
+    single_runs = [lookahead_generate(model, c["prompt"], params(c),
                                       GenerationParams(c["max_new"], **sampling), request=c["request"])
                    for c in cases]
     ranks = torchrun(2, {"model": model_spec, "cases": cases}, tmp_path)

@@ -90,6 +90,32 @@ def test_multi_offset_verifier_enumerated():
     assert chi_square_p(observed, expected) > 1e-3
 
 
+def conditional(prefix):
+    """A fixed 3-step chain over 4 tokens: p(next | prefix)."""
+    return torch.roll(P, sum((i + 1) * t for i, t in enumerate(prefix)))
+
+
+@pytest.mark.parametrize("cands", [[(A,), (A, B, C), (B, D), (A, B)], [(C, A, B), (C,), (D, D)], [(B, B, B)]])
+def test_variable_length_candidates_verifier_exact(cands):
+    """Candidates of different lengths (lookup spans beside pool n-grams, prefixes of
+    one another): the joint of the first three emitted tokens equals the chain's."""
+    n, counts = 20000, Counter()
+    extra = Draws(4, "rest")
+    for r in range(n):
+        res = verify_sampling(conditional(()), cands, lambda c, s: conditional(cands[c][:s + 1]),
+                              Draws(3, "var"), r)
+        out = list(res.emitted)
+        assert len(out) <= 1 + max(map(len, cands))
+        while len(out) < 3:   # the rest of the three tokens from the chain itself
+            out.append(try_proposals(conditional(tuple(out)), [], lambda i, r=r, k=len(out): extra.uniform(r, k, i))[0])
+        counts[tuple(out[:3])] += 1
+    cells = list(itertools.product(range(4), repeat=3))
+    expected = [n * float(conditional(())[a] * conditional((a,))[b] * conditional((a, b))[c]) for a, b, c in cells]
+    p_value = chi_square_p([counts[c] for c in cells], expected)
+    print(f"{cands}: chi-square p = {p_value:.3f}")
+    assert p_value > 1e-3
+
+
 # ---------------------------------------------------------------- end to end
 
 VOCAB, NEW, PROMPT = 8, 3, [3, 5, 3, 5, 3, 6, 3, 5, 3]
@@ -120,20 +146,26 @@ def exact_joint(model, prompt, temperature, top_k, top_p):
     return joint
 
 
-def sample_many(model, gen, n, comm=None):
+def sample_many(model, gen, n, comm=None, params=LookaheadParams(3, 3, 4)):
     outs, multi = [], 0
     for i in range(n):
-        r = lookahead_generate(model, PROMPT, LookaheadParams(3, 3, 4), gen, request=i, comm=comm)
+        r = lookahead_generate(model, PROMPT, params, gen, request=i, comm=comm)
         outs.append(tuple(r.token_ids))
         multi += sum(e > 1 for e in r.emitted_per_round)
     return outs, multi
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 0, 0.7), (1.3, 5, 0.9)])
-def test_lookahead_sampling_matches_the_models_joint(model8, temperature, top_k, top_p):
+LOOKUP_ONLY = LookaheadParams(0, 3, 0, lookup_candidates=3, lookup_tokens=4, lookup_ngram=2)
+BOTH = LookaheadParams(3, 3, 4, lookup_candidates=2, lookup_tokens=3, lookup_ngram=2)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,params", [
+    (1.0, 0, 1.0, LookaheadParams(3, 3, 4)), (0.8, 0, 0.7, LookaheadParams(3, 3, 4)),
+    (1.3, 5, 0.9, LookaheadParams(3, 3, 4)), (1.0, 0, 1.0, LOOKUP_ONLY), (0.8, 0, 0.7, BOTH)])
+def test_lookahead_sampling_matches_the_models_joint(model8, temperature, top_k, top_p, params):
     n = 3000
     gen = GenerationParams(NEW, temperature=temperature, top_k=top_k, top_p=top_p, seed=11)
-    outs, multi = sample_many(model8, gen, n)
+    outs, multi = sample_many(model8, gen, n, params=params)
     assert multi > n // 10          # the pool really hits: many rounds emit several tokens
     joint = exact_joint(model8, PROMPT, temperature, top_k, top_p)
     cells = sorted(joint)
