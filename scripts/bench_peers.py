@@ -35,41 +35,13 @@ import click
 import torch
 import yaml
 
+from bench_util import generate
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["system", "prompts", "tokens", "forwards", "S", "decode_seconds", "tokens_per_s", "ratio_to_ar",
           "ids_equal_ar"]
-
-
-class ForwardCounter:
-    """Counts calls of the model's forward (one per target forward of `generate`)."""
-
-    def __init__(self, model):
-        self.model, self.count, self.handle = model, 0, None
-
-    def _hook(self, module, args, output):
-        self.count += 1
-
-    def __enter__(self):
-        self.count = 0
-        self.handle = self.model.register_forward_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
-
-
-def generate(model, ids, max_new_tokens, eos, **extra):
-    """Greedy `generate` (plus `extra`, e.g. prompt_lookup_num_tokens): (new ids, seconds, forwards)."""
-    x = torch.tensor([ids], device=model.device)
-    with ForwardCounter(model) as counter:
-        start = time.perf_counter()
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                             eos_token_id=eos, pad_token_id=eos[0], do_sample=False, **extra)
-        seconds = time.perf_counter() - start
-    return out[0, len(ids):].tolist(), seconds, counter.count
 
 
 def run_workers(model_name, dtype, offset, limit, max_new_tokens, window, ngram, guesses, world_size, threads,
@@ -153,10 +125,10 @@ def main(model_name, dtype, offset, limit, max_new_tokens, world_size, threads, 
 
     for i, problem in enumerate(problems):
         ids = tok.encode(problem["prompt"])
-        ref, sec, fw = generate(model, ids, max_new_tokens, eos)
+        ref, sec, fw, _ = generate(model, ids, max_new_tokens, eos)
         reference[problem["task_id"]] = ref
         add(names[0], ref, sec, fw, ref)
-        pl, pl_sec, pl_fw = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup_tokens)
+        pl, pl_sec, pl_fw, _ = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup_tokens)
         add(names[1], pl, pl_sec, pl_fw, ref)
         r = lookahead_generate(model, ids, lookahead, gen, eos_token_ids=eos, request=problem["task_id"])
         add(names[2], list(r.token_ids), r.decode_seconds, r.forwards, ref)

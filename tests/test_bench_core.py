@@ -1,0 +1,41 @@
+"""scripts/bench_core.py on the tiny model: every system in the JSON report, lookahead with and
+without lookup candidates identical to plain greedy, prompt lookup counted by its forwards."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_core_tiny(tmp_path):
+    out = tmp_path / "core.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
+           "--dtype", "float64", "--limit", "3", "--max-new-tokens", "24", "--threads", "1", "--seeding", "on",
+           "--prompt-lookup", "6", "--configs", "3,4,3;0,3,0,2,8,2;3,4,3,2,8,2", "--json-out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    systems = {s["system"]: s for s in report["systems"]}
+    assert list(systems) == ["plain greedy", "prompt lookup k=6", "3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2"]
+    plain = systems["plain greedy"]
+    assert plain["tokens"] == plain["forwards"] == report["plain_tokens"] > 0
+    for s in systems.values():
+        assert s["same_as_plain"] == 3 and s["tokens"] == plain["tokens"]
+        assert 1 <= s["compression"] == s["tokens"] / s["forwards"]
+        assert s["rows_per_round"] >= 1 and s["tokens_per_s"] > 0
+    assert systems["prompt lookup k=6"]["host_ms_per_round"] is None
+    for name in ("3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2"):
+        assert systems[name]["host_ms_per_round"] > 0
+    # a lookup-only round feeds the ordinary row plus at most 2 candidates of 8 tokens
+    assert systems["0,3,0 L2k8m2"]["rows_per_round"] < systems["3,4,3 L2k8m2"]["rows_per_round"]
+    assert "0,3,0 L2k8m2" in proc.stdout
+
+
+def test_bench_core_rejects_a_bad_config():
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--configs", "3,4"]
+    proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "expected W,N,G or W,N,G,L,K,M" in proc.stderr
