@@ -4,7 +4,8 @@ A job file has seven sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
     model:      {name: smollm2-135m, dtype: float32, device: auto}
-    lookahead:  {window: 15, ngram: 5, guesses: 15, pool_seeding: true}
+    lookahead:  {window: 0, ngram: 4, guesses: 4, pool_seeding: true,
+                 lookup_candidates: 2, lookup_tokens: 16, lookup_ngram: 3}
     generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
     data:       {source: humaneval, offset: 0, limit: 20, chat_template: false}  # or {source: jsonl, path: FILE}
     output:     {dir: runs/humaneval-smollm2, evaluate: false, evaluate_timeout_s: 10}
@@ -15,7 +16,9 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
 humaneval` and no stop strings for `jsonl`; `stop: []` always means none.
 
 `lookahead` and `generation` are the engine's own parameter classes
-(lp.engine.LookaheadParams / GenerationParams). Command-line overrides
+(lp.engine.LookaheadParams / GenerationParams). A job's `lookahead` defaults
+are JOB_LOOKAHEAD (the fastest configuration measured for the embedded job on
+a 2-core CPU), not the engine's own defaults (the paper's (15,5,15), no lookup). Command-line overrides
 `--set section.key=value` are applied to the raw mapping before checking; the
 value is read with yaml.safe_load, so `--set data.limit=null` and
 `--set generation.stop='["\\n\\n"]'` work.
@@ -51,6 +54,11 @@ METHODS = ("lookahead", "autoregressive")
 # the default stop strings of code-completion (HumanEval) jobs: the completion ends where the next
 # top-level definition, script code, print or comment would begin
 CODE_COMPLETION_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+# a job's lookahead keys left out: the embedded job's settings, the fastest measured on the 2-core CPU
+# (scripts/bench_core.py, README "Lookup candidates"): no Jacobi window, whose rows cost more than they
+# return there, the pool seeded from the prompt and output, two lookup spans of up to 16 tokens
+JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=4, pool_seeding=True,
+                     lookup_candidates=2, lookup_tokens=16, lookup_ngram=3)
 # keys whose value does not change any results.jsonl record: a job directory may be resumed
 # with a config that differs only in these (see differences())
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
@@ -148,7 +156,7 @@ class BaselineSection:
 @dataclass
 class JobConfig:
     model: ModelSection = field(default_factory=ModelSection)
-    lookahead: LookaheadParams = field(default_factory=LookaheadParams)
+    lookahead: LookaheadParams = field(default_factory=lambda: LookaheadParams(**JOB_LOOKAHEAD))
     # the default data source is humaneval, whose default stop strings are the code-completion ones
     generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CODE_COMPLETION_STOP))
     data: DataSection = field(default_factory=DataSection)
@@ -165,6 +173,8 @@ class JobConfig:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
+
+SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"lookahead": JOB_LOOKAHEAD}  # job defaults != class defaults
 
 SECTIONS: dict[str, type] = {
     "model": ModelSection,
@@ -232,7 +242,7 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         section = raw.get(name)
         values, type_problems = _check_types(name, cls, section if isinstance(section, dict) else {})
         # a key with a wrong type keeps its default and gets no second line from the range rules
-        sections[name] = cls(**values)
+        sections[name] = cls(**{**SECTION_DEFAULTS.get(name, {}), **values})
         mistyped = {line.split(":", 1)[0] for line in type_problems}
         problems += type_problems
         problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]

@@ -4,8 +4,10 @@ On code the continuation often repeats a span of the prompt or of the output
 so far. `LookupIndex` remembers where every m-gram (m = 1..max_ngram) of the
 committed sequence ended; `candidates` finds the earlier occurrences of the
 sequence's last m tokens, longest m first, most recent occurrence first, and
-proposes the up to k tokens that followed each one. The index grows with the
-sequence (`extend`): nothing is rescanned per round.
+proposes the up to k tokens that followed each one (looking at the `scan`
+most recent occurrences of each m-gram, 64 by default, so a round's cost is
+bounded however often a token repeats). The index grows with the sequence
+(`extend`): nothing is rescanned per round.
 
 `merge_candidates` is the one place candidate lists are combined: a
 candidate equal to, or a prefix of, another one adds nothing to verification

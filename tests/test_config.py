@@ -10,8 +10,9 @@ from click.testing import CliRunner
 from pathlib import Path
 
 import lp.run
-from lp.config import (CODE_COMPLETION_STOP, ConfigError, JobConfig, differences, load_config,
+from lp.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, JobConfig, differences, load_config,
                        load_config_dict)
+from lp.engine import LookaheadParams
 from lp.run import main
 
 DEFAULT_JOB = "configs/humaneval-smollm2.yaml"
@@ -173,8 +174,8 @@ def test_default_job_is_the_embedded_default():
     cfg = load_config(DEFAULT_JOB)
     assert cfg == JobConfig() == load_config_dict({})
     assert cfg.model.name == "smollm2-135m" and cfg.model.device == "auto"
-    assert (cfg.lookahead.window, cfg.lookahead.ngram, cfg.lookahead.guesses) == (15, 5, 15)
-    assert cfg.lookahead.pool_seeding is True
+    assert cfg.lookahead == LookaheadParams(**JOB_LOOKAHEAD) != LookaheadParams()
+    assert cfg.lookahead.pool_seeding is True and cfg.lookahead.lookup_candidates > 0
     assert cfg.generation.max_new_tokens == 256 and cfg.generation.method == "lookahead"
     assert cfg.generation.stop == CODE_COMPLETION_STOP
     assert (cfg.data.source, cfg.data.offset, cfg.data.limit) == ("humaneval", 0, 20)
@@ -260,7 +261,7 @@ def test_differences_ignore_the_keys_that_do_not_change_results():
     other = load_config_dict({"lookahead": {"window": 7}, "baseline": True, "generation": {"stop": []}})
     changed = differences(base, other)
     assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop", "baseline.enabled"]
-    assert "lookahead.window: 15 -> 7" in changed
+    assert "lookahead.window: 0 -> 7" in changed
 
 
 def test_round_trip_keeps_every_value(tmp_path):
@@ -283,7 +284,7 @@ def test_round_trip_keeps_every_value(tmp_path):
 
 def test_missing_sections_and_keys_take_defaults(tmp_path):
     cfg = load_config(write(tmp_path, {"lookahead": {"window": 7}}))
-    assert cfg.lookahead.window == 7 and cfg.lookahead.ngram == 5
+    assert cfg.lookahead.window == 7 and cfg.lookahead.ngram == JOB_LOOKAHEAD["ngram"]
     assert cfg.model == JobConfig().model
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n")
@@ -312,6 +313,16 @@ def test_set_later_wins_and_can_fix_a_bad_file(tmp_path):
     path = write(tmp_path, {"lookahead": {"window": -1}, "data": {"source": "jsonl"}})
     cfg = load_config(path, ["lookahead.window=2", "lookahead.window=4", "data.path=p.jsonl"])
     assert cfg.lookahead.window == 4 and cfg.data.path == "p.jsonl"
+
+
+def test_lookahead_keys_left_out_take_the_job_defaults(tmp_path):
+    """A partial lookahead section keeps the job's defaults for the other keys, not the engine's."""
+    cfg = load_config(write(tmp_path, {"lookahead": {"window": 15, "ngram": 5}}))
+    assert (cfg.lookahead.window, cfg.lookahead.ngram) == (15, 5)
+    assert cfg.lookahead.guesses == JOB_LOOKAHEAD["guesses"]
+    assert cfg.lookahead.lookup_candidates == JOB_LOOKAHEAD["lookup_candidates"] > 0
+    off = load_config(write(tmp_path, {"lookahead": {"lookup_candidates": 0}}))
+    assert off.lookahead.lookup_candidates == 0 and off.lookahead.lookup_tokens == JOB_LOOKAHEAD["lookup_tokens"]
 
 
 def test_set_adds_a_missing_section(tmp_path):

@@ -72,10 +72,10 @@ def test_rerun_does_no_work(two_points):
 
 
 def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
-    out, stdout, rows = sweep(tmp_path, {"world_size": [1], "lookahead.window": [0, 3]}, "--no-cost-model")
+    out, stdout, rows = sweep(tmp_path, {"world_size": [1], "lookahead.window": [-1, 3]}, "--no-cost-model")
     assert [r["status"] for r in rows] == ["failed", "ok"]
-    assert "lookahead.window: 0" in rows[0]["error"]
-    assert rows[0]["lookahead.window"] == "0" and rows[1]["lookahead.window"] == "3"
+    assert "lookahead.window: -1" in rows[0]["error"]
+    assert rows[0]["lookahead.window"] == "-1" and rows[1]["lookahead.window"] == "3"
     assert int(rows[1]["new_tokens"]) > 0
     for name in PLOTS:
         assert (out / name).stat().st_size > 0
