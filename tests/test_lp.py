@@ -32,15 +32,18 @@ def lookup_case(prompt, cfg, max_new=NEW):
 
 
 def single(model, case):
+    """The one-worker run of a case (as tests/lp_worker.py runs it under torchrun)."""
     return lookahead_generate(model, case["prompt"], params(case),
-                              GenerationParams(case["max_new"]), eos_token_ids=case.get("eos", []))
+                              GenerationParams(case["max_new"], **case.get("sampling", {})),
+                              eos_token_ids=case.get("eos", []), request=case.get("request", 0))
 
 
-def cut_cases(model):
+def cut_cases(model, bases=None):
     """max_new_tokens and EOS falling inside a multi-token round, and inside a lookup
-    round that emits more than N tokens."""
-    bases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for w, n, g in [(5, 5, 15), (2, 4, 5)] for p in PROMPTS]
-    bases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
+    round that emits more than N tokens (greedy by default, or the given `bases`)."""
+    if bases is None:
+        bases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for w, n, g in [(5, 5, 15), (2, 4, 5)] for p in PROMPTS]
+        bases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
     cases = []
     for base in bases:
         r = single(model, base)
@@ -121,7 +124,7 @@ def test_collectives_per_round(cases_and_reference, tmp_path):
 def test_sampling_two_workers_match_one(tmp_path):
     """Same seed and request: P = 2 draws exactly the P = 1 samples (so they share its
     distribution, checked against the model's own joint in test_sampling.py)."""
-    from test_sampling import PROMPT, chi_square_p, exact_joint
+    from test_sampling import LOOKUP_SAMPLING_PROMPTS, PROMPT, chi_square_p, exact_joint
 
     model_spec = {"vocab": 8, "seed": 2}
     model = tiny_random_llama(**model_spec).model.double()
@@ -130,11 +133,14 @@ def test_sampling_two_workers_match_one(tmp_path):
     cases = [dict(prompt=PROMPT, w=3, n=3, g=4, max_new=3, sampling=sampling, request=i) for i in range(n)]
     cases += [dict(prompt=[t % 8 for t in p], w=w, n=nn, g=g, max_new=24, sampling=sampling, request=f"long{i}")
               for i, (p, (w, nn, g)) in enumerate(itertools.product(PROMPTS[:2], CONFIGS[:4]))]
-    cases += [dict(lookup_case([t % 8 for t in p], cfg, max_new=24), sampling=sampling, request=f"lookup{i}")
-              for i, (p, cfg) in enumerate(itertools.product(PROMPTS[:2] + SPAN_PROMPTS[:2], LOOKUP_CONFIGS))]
-    single_runs = [lookahead_generate(model, c["prompt"], params(c),
-                                      GenerationParams(c["max_new"], **sampling), request=c["request"])
-                   for c in cases]
+    cooler = {"temperature": 0.7, "seed": 3}   # long lookup rounds are frequent enough to cut
+    lookup = [dict(lookup_case([t % 8 for t in p], cfg, max_new=24), sampling=temp, request=f"lookup{i}")
+              for i, (p, cfg, temp) in enumerate(itertools.product(
+                  PROMPTS[:2] + SPAN_PROMPTS + LOOKUP_SAMPLING_PROMPTS, LOOKUP_CONFIGS, [sampling, cooler]))]
+    cuts = cut_cases(model, lookup)     # sampled rounds longer than N, cut by max_new_tokens or EOS
+    assert any("eos" in c for c in cuts) and any(c["max_new"] < 24 for c in cuts)
+    cases += lookup + cuts
+    single_runs = [single(model, c) for c in cases]
     ranks = torchrun(2, {"model": model_spec, "cases": cases}, tmp_path)
     multi = 0
     for i, ref in enumerate(single_runs):

@@ -193,3 +193,34 @@ def test_temperature_zero_is_greedy(model8):
     ref = model8.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12,
                           eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
     assert greedy.token_ids == ref
+
+
+LOOKUP_SAMPLING_PROMPTS = [PROMPT, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [6, 6, 7, 6, 6, 7, 6]]
+
+
+def test_sampling_cuts_inside_a_long_lookup_round(model8):
+    """Sampling with lookup: rounds emit more than N tokens, and max_new_tokens or EOS falling
+    inside such a round gives exactly the uncut run's prefix (draws are addressed by round and
+    offset, so the rounds before the cut are the same)."""
+    params = LookaheadParams(2, 3, 2, lookup_candidates=2, lookup_tokens=8, lookup_ngram=2)
+    cuts = eos_cuts = 0
+    for request, prompt in enumerate(LOOKUP_SAMPLING_PROMPTS * 4):
+        gen = GenerationParams(40, temperature=0.7, seed=3)
+        full = lookahead_generate(model8, prompt, params, gen, request=request)
+        done = 0
+        for e in full.emitted_per_round:
+            if e > params.ngram:
+                cut = lookahead_generate(model8, prompt, params, GenerationParams(done + e - 1, temperature=0.7, seed=3),
+                                         request=request)
+                assert cut.token_ids == full.token_ids[:done + e - 1] and cut.finish_reason == "length"
+                cuts += 1
+                inside = [j for j in range(1, e) if full.token_ids[done + j] not in full.token_ids[:done + j]]
+                if inside:
+                    eos = full.token_ids[done + inside[-1]]
+                    r = lookahead_generate(model8, prompt, params, gen, eos_token_ids=[eos], request=request)
+                    assert r.token_ids == full.token_ids[:done + inside[-1] + 1] and r.finish_reason == "eos"
+                    eos_cuts += 1
+                break
+            done += e
+    print(f'sampling cuts inside long rounds: {cuts} max_new, {eos_cuts} eos')
+    assert cuts >= 3 and eos_cuts >= 1
