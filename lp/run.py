@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from typing import Any, NoReturn
 
 import click
@@ -38,6 +37,7 @@ from lp.dist import Comm, init_distributed, shutdown
 from lp.engine import GenerationResult, lookahead_generate
 from lp.models import LoadedModel, ModelLoadError, load_model
 from lp.results import JobDir, JobDirError, ResumeRefused
+from lp.summary import error_record, report, result_record, summarize, tokens_per_second
 
 logger = logging.getLogger("lp.run")
 
@@ -127,7 +127,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                         bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
                         result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
                         result.finish_reason,
-                        "" if base is None else f", baseline {_rate(base.new_tokens, base.decode_seconds) or 0:.1f}"
+                        "" if base is None else f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
                                                 f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
     finally:
         bar.close()
@@ -227,7 +227,7 @@ class Progress:
             self.seconds += result.decode_seconds
         if self.bar is not None:
             if self.forwards:
-                self.bar.set_postfix_str(f"{_rate(self.tokens, self.seconds) or 0:.1f} tok/s, "
+                self.bar.set_postfix_str(f"{tokens_per_second(self.tokens, self.seconds) or 0:.1f} tok/s, "
                                          f"S={self.tokens / self.forwards:.2f}", refresh=False)
             self.bar.update(1)
 
@@ -238,138 +238,7 @@ class Progress:
             self.bar = None
 
 
-# ---- records and summary ---------------------------------------------------------------------------------
-
-
-def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult, method: str = "lookahead",
-                  baseline: GenerationResult | None = None) -> dict[str, Any]:
-    """One results.jsonl line."""
-    record = {
-        "task_id": prompt.task_id,
-        "line": prompt.line,
-        "prompt_tokens": len(input_ids),
-        "completion": result.text,
-        "token_ids": list(result.token_ids),
-        "new_tokens": result.new_tokens,
-        "forwards": result.forwards,
-        "compression": result.compression,
-        "decode_seconds": result.decode_seconds,
-        "finish_reason": result.finish_reason,
-        "error": None,
-        "method": method,
-        "rounds": len(result.emitted_per_round),
-        "emitted_per_round": list(result.emitted_per_round),
-        "host_seconds": result.host_seconds if method == "lookahead" else None,
-        "rows_per_round": _mean(result.rows_per_round),
-        "max_rows_per_round": _mean(result.max_rows_per_round),
-        "collectives": result.collectives,
-        "bytes_moved": result.bytes_moved,
-    }
-    if baseline is not None:
-        record.update({
-            "baseline_token_ids": list(baseline.token_ids),
-            "baseline_new_tokens": baseline.new_tokens,
-            "baseline_decode_seconds": baseline.decode_seconds,
-            "baseline_finish_reason": baseline.finish_reason,
-            "baseline_ids_equal": list(baseline.token_ids) == list(result.token_ids),
-        })
-    return record
-
-
-def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method: str) -> dict[str, Any]:
-    """The record of a prompt that could not be decoded."""
-    return {
-        "task_id": prompt.task_id,
-        "line": prompt.line,
-        "prompt_tokens": None if input_ids is None else len(input_ids),
-        "completion": None,
-        "token_ids": [],
-        "new_tokens": 0,
-        "forwards": 0,
-        "compression": None,
-        "decode_seconds": 0.0,
-        "finish_reason": "error",
-        "error": error,
-        "method": method,
-    }
-
-
-def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm,
-              evaluation: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Job totals over the decoded records (error records only counted); S is summed tokens over
-    summed forwards (not a mean of per-prompt S)."""
-    ok = [r for r in records if r["finish_reason"] != "error"]
-    tokens = sum(r["new_tokens"] for r in ok)
-    forwards = sum(r["forwards"] for r in ok)
-    seconds = sum(r["decode_seconds"] for r in ok)
-    rounds = sum(r["rounds"] for r in ok)
-    host = [r["host_seconds"] for r in ok]
-    summary = {
-        "model": model_name,
-        "method": cfg.generation.method,
-        "prompts": len(records),
-        "errors": len(records) - len(ok),
-        "new_tokens": tokens,
-        "forwards": forwards,
-        "compression": tokens / forwards if forwards else None,
-        "decode_seconds": seconds,
-        "tokens_per_second": _rate(tokens, seconds),
-        "rounds": rounds,
-        "host_ms_per_round": (1000 * sum(host) / rounds if rounds and None not in host else None),
-        "world_size": comm.world,
-        "backend": comm.backend,
-        # rank 0's rows per round (all ranks are balanced to within one column) and the busiest rank's
-        "rows_per_round": _per_round(ok, "rows_per_round", rounds),
-        "max_rows_per_round": _per_round(ok, "max_rows_per_round", rounds),
-        "collectives_per_round": sum(r["collectives"] for r in ok) / rounds if rounds else None,
-        "bytes_per_round": sum(r["bytes_moved"] for r in ok) / rounds if rounds else None,
-        "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
-        "lookahead": cfg.to_dict()["lookahead"],
-    }
-    if cfg.baseline.enabled:
-        compared = [r for r in ok if "baseline_token_ids" in r]
-        b_tokens = sum(r["baseline_new_tokens"] for r in compared)
-        b_seconds = sum(r["baseline_decode_seconds"] for r in compared)
-        rate, b_rate = _rate(tokens, seconds), _rate(b_tokens, b_seconds)
-        summary.update({
-            "baseline_prompts": len(compared),
-            "baseline_new_tokens": b_tokens,
-            "baseline_decode_seconds": b_seconds,
-            "baseline_tokens_per_second": b_rate,
-            "speedup": rate / b_rate if rate and b_rate else None,
-            "baseline_ids_equal_fraction": (sum(r["baseline_ids_equal"] for r in compared) / len(compared)
-                                            if compared else None),
-        })
-    if evaluation is not None:
-        passed = sum(e["passed"] for e in evaluation)
-        summary.update({"evaluated": len(evaluation), "passed": passed,
-                        "pass_at_1": passed / len(evaluation) if evaluation else None})
-    summary["config"] = cfg.to_dict()
-    return summary
-
-
-TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
-                         "baseline_tokens_per_second", "speedup"})  # summary keys that vary run to run
-
-
-def _mean(values: list[int]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _per_round(records: list[dict[str, Any]], key: str, rounds: int) -> float | None:
-    """A per-round mean over the whole job (records weighted by their rounds)."""
-    return sum(r[key] * r["rounds"] for r in records) / rounds if rounds else None
-
-
-def _rate(tokens: int, seconds: float) -> float | None:
-    return tokens / seconds if seconds > 0 else None
-
-
 # ---- command line -----------------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
 
 
 def _rank_prefix(comm: Comm) -> str:
@@ -391,33 +260,6 @@ def _stderr_is_terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def report(summary: dict[str, Any], cfg: JobConfig) -> str:
-    """The lines printed at the end of a job."""
-    job, n = JobDir(cfg.output.dir), summary["prompts"]
-    reasons = " ".join(f"{k}={v}" for k, v in sorted(summary["finish_reasons"].items()))
-    lines = [
-        f"results: {job.results_path} ({n} prompt{'s' if n != 1 else ''}, {summary['errors']} error"
-        f"{'s' if summary['errors'] != 1 else ''})",
-        f"summary: {job.summary_path}",
-        f"samples: {job.samples_path}",
-        f"S = {_fmt(summary['compression'], '.3f')} ({summary['new_tokens']} tokens / "
-        f"{summary['forwards']} forwards, {summary['method']}), {_fmt(summary['tokens_per_second'], '.1f')} "
-        f"tokens/s, host {_fmt(summary['host_ms_per_round'], '.2f')} ms/round, finish: {reasons}",
-        f"world size {summary['world_size']} ({summary['backend']}), rows/round "
-        f"{_fmt(summary['rows_per_round'], '.1f')} (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
-        f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
-        f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round",
-    ]
-    if "speedup" in summary:
-        lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
-                     f"speedup {_fmt(summary['speedup'], '.2f')}x, ids equal to the baseline on "
-                     f"{_fmt(summary['baseline_ids_equal_fraction'], '.1%')} of {summary['baseline_prompts']} prompts")
-    if "pass_at_1" in summary:
-        lines.append(f"pass@1 = {_fmt(summary['pass_at_1'], '.3f')} ({summary['passed']}/{summary['evaluated']}"
-                     f" passed; {job.eval_path})")
-    return "\n".join(lines)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

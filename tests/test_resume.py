@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from lp.config import load_config
 from lp.results import JobDir, JobDirError
-from lp.run import TIMING_KEYS, main
+from lp.run import main
+from lp.summary import TIMING_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tiny-random-llama?vocab=64&seed=0"
