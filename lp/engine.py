@@ -155,7 +155,7 @@ def lookahead_generate(
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
     draws). With a multi-worker `comm` every rank calls this with the same
-    arguments; rank 0 alone holds the pool."""
+    arguments; rank 0 alone holds the pool and the lookup index."""
     check(lookahead, generation)
     comm = comm or Comm()
     prompt = [int(t) for t in input_ids]
