@@ -18,8 +18,9 @@ humaneval` and no stop strings for `jsonl`; `stop: []` always means none.
 `lookahead` and `generation` are the engine's own parameter classes
 (lp.engine.LookaheadParams / GenerationParams). A job's `lookahead` defaults
 are JOB_LOOKAHEAD (the fastest configuration measured for the embedded job on
-a 2-core CPU), not the engine's own defaults (the paper's (15,5,15), no lookup). Command-line overrides
-`--set section.key=value` are applied to the raw mapping before checking; the
+a 2-core CPU), not the engine's own defaults (the paper's (15,5,15), no
+lookup). Command-line overrides `--set section.key=value` are applied to the
+raw mapping before checking; the
 value is read with yaml.safe_load, so `--set data.limit=null` and
 `--set generation.stop='["\\n\\n"]'` work.
 

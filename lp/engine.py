@@ -189,9 +189,12 @@ def lookahead_generate(
         round_start = time.perf_counter()
         x_t = tokens[-1]
         past = cache_length(cache)
-        proposed = merge_candidates(
-            lookup.candidates(lookahead.lookup_candidates, lookahead.lookup_tokens) if lookup is not None else (),
-            pool.candidates(x_t, g) if pool is not None else ()) if source else None
+        proposed = None
+        if source:               # pool suffixes share one length: only lookup needs merging
+            proposed = pool.candidates(x_t, g) if pool is not None else []
+            if lookup is not None:
+                proposed = merge_candidates(
+                    lookup.candidates(lookahead.lookup_candidates, lookahead.lookup_tokens), proposed)
         candidates = comm.share_candidates(proposed, width, lookahead.capacity)
         lengths = tuple(len(c) for c in candidates)
         columns = window.columns if window is not None else 0

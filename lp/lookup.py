@@ -23,17 +23,21 @@ def merge_candidates(*sources: Iterable[Sequence[int]], limit: int | None = None
     out: list[tuple[int, ...]] = []
     for source in sources:
         for cand in source:
-            cand = tuple(cand)
-            if not cand or any(kept[:len(cand)] == cand for kept in out):
-                continue          # empty, equal to or a prefix of a kept candidate
-            covered = [i for i, kept in enumerate(out) if cand[:len(kept)] == kept]
-            if covered:           # longer than kept candidates: it takes the first one's slot
-                out[covered[0]] = cand
-                for i in reversed(covered[1:]):
-                    del out[i]
-            elif limit is None or len(out) < limit:
-                out.append(cand)
+            add_candidate(out, tuple(cand), limit)
     return out
+
+
+def add_candidate(out: list[tuple[int, ...]], cand: tuple[int, ...], limit: int | None = None) -> None:
+    """Add `cand` to `out` (kept free of duplicates and prefixes), in place."""
+    if not cand or any(kept[:len(cand)] == cand for kept in out):
+        return                # empty, equal to or a prefix of a kept candidate
+    covered = [i for i, kept in enumerate(out) if cand[:len(kept)] == kept]
+    if covered:               # longer than kept candidates: it takes the first one's slot
+        out[covered[0]] = cand
+        for i in reversed(covered[1:]):
+            del out[i]
+    elif limit is None or len(out) < limit:
+        out.append(cand)
 
 
 class LookupIndex:
@@ -68,10 +72,9 @@ class LookupIndex:
         if count <= 0 or length <= 0:
             return out
         for m in range(min(self.max_ngram, n - 1), 0, -1):
-            ends = self._ends.get(tuple(seq[n - m:]), [])
-            # the last entry is the suffix itself (end == n): nothing follows it yet
-            for end in reversed(ends[-self.scan - 1:-1] if ends and ends[-1] == n else ends[-self.scan:]):
-                out = merge_candidates(out, [seq[end:end + length]], limit=count)
+            # the last end is the suffix itself (end == n): nothing follows it yet
+            for end in reversed(self._ends[tuple(seq[n - m:])][-self.scan - 1:-1]):
+                add_candidate(out, tuple(seq[end:end + length]), count)
                 if len(out) == count:
                     return out
         return out

@@ -127,8 +127,9 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                         bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
                         result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
                         result.finish_reason,
-                        "" if base is None else f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
-                                                f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
+                        "" if base is None else
+                        f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
+                        f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
     finally:
         bar.close()
     comm.share_ids(None)  # no more work
