@@ -25,7 +25,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from lp.engine import GenerationParams, GenerationResult
-from lp.stopping import StopChecker
+from lp.decode.stopping import StopChecker
 
 
 class _Stopper(StoppingCriteria):

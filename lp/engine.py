@@ -19,16 +19,16 @@ from typing import Sequence
 
 import torch
 
-from lp.dist import Comm
-from lp.kv_cache import cache_length, crop, forward_logits, new_cache, publish
-from lp.layout import build_round, pack
-from lp.lookup import LookupIndex, merge_candidates
-from lp.pool import NGramPool, sequence_ngrams
-from lp.sampling import Draws, distribution, group_by_first_token, group_starts, verify_sampling, warpers
-from lp.shard import shard_plan, snap_to_groups
-from lp.stopping import StopChecker
-from lp.verify import decide, greedy_verdict, pack_payload, padded
-from lp.window import JacobiWindow
+from lp.decode.kv_cache import cache_length, crop, forward_logits, new_cache, publish
+from lp.decode.layout import build_round, pack
+from lp.decode.lookup import LookupIndex, merge_candidates
+from lp.decode.pool import NGramPool, sequence_ngrams
+from lp.decode.sampling import Draws, distribution, group_by_first_token, group_starts, verify_sampling, warpers
+from lp.decode.stopping import StopChecker
+from lp.decode.verify import decide, greedy_verdict, pack_payload, padded
+from lp.decode.window import JacobiWindow
+from lp.parallel.dist import Comm
+from lp.parallel.shard import shard_plan, snap_to_groups
 
 
 @dataclass

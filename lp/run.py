@@ -1,254 +1,30 @@
 """Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh]`.
 
-Order of work, cheapest checks first: config (exit 2 on any problem), prompts
-(exit 1 when the data file is missing), the output directory (resume check:
-exit 2 when it holds results of a different config, unless --force), model
-(exit 1 when it cannot be loaded), then one generation per prompt not yet in
-results.jsonl. A prompt that cannot be decoded (empty, longer than the
-model's context, a bad JSONL line) gets an error record and the job goes on.
-Each record is appended to <output.dir>/results.jsonl as soon as it is done
-(flushed and fsynced); when every prompt has a record, summary.json and
-samples.jsonl are written from that file (so a resumed job gets the same
-summary as an uninterrupted one), after the optional HumanEval evaluation.
-
-Under torchrun rank 0 reads the prompts, owns the output directory and sends
-each decodable prompt (its job index and ids) to the other ranks; a prompt it
-rejects is never sent, so the others are unaffected. Before the model is
-loaded rank 0 sends one go/stop message, so a startup error on rank 0 ends
-the other ranks at once instead of at the collective timeout. Every rank runs
-the same decodes in the same order: lookahead together, autoregressive and
-baseline decodes each on its own replica (identical work, so the ranks stay in
-step for the next prompt).
+The command line only: parse the flags, load and check the config (exit 2 on
+any problem), set up the process group, run the job (lp/jobs/runner.py) and
+turn every failure into one `error:` line with its exit status (1 for a job
+that cannot run, 2 for a config or resume refusal, 130 when interrupted).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
-import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
-from lp.baseline import autoregressive_generate
-from lp.config import ConfigError, JobConfig, load_config
-from lp.data import DataError, Prompt, load_prompts
-from lp.dist import Comm, init_distributed, shutdown
-from lp.engine import GenerationResult, lookahead_generate
-from lp.models import LoadedModel, ModelLoadError, load_model
-from lp.results import JobDir, JobDirError, ResumeRefused
-from lp.summary import error_record, report, result_record, summarize, tokens_per_second
-
-logger = logging.getLogger("lp.run")
-
-
-
-class JobError(RuntimeError):
-    """A job that cannot start for a reason found after loading the model (exit 1)."""
-
-
-def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fresh: bool = False,
-            progress: bool = False) -> dict[str, Any] | None:
-    """Run every prompt of the job that has no record yet. Rank 0 returns the summary
-    (also written to summary.json); the other ranks return None."""
-    comm = comm or Comm()
-    lead = comm.rank == 0
-    job, prompts, failure = None, [], None
-    if lead:
-        try:
-            prompts = load_prompts(cfg.data)
-            logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
-            job = JobDir(cfg.output.dir)
-            job.open(cfg, force=force, fresh=fresh)
-        except (DataError, JobDirError, ResumeRefused, OSError) as e:
-            failure = e
-    if comm.world > 1 and comm.share_ids(None if failure else [1]) is None:  # go / stop for every rank
-        if lead:
-            raise failure
-        return None
-    if failure:
-        raise failure
-    try:
-        t0 = time.perf_counter()
-        device = str(comm.device) if comm.world > 1 else cfg.model.device
-        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
-        if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
-            raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
-        logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
-        if not lead:
-            _follow(cfg, loaded, comm)
-            return None
-        _lead(cfg, loaded, comm, prompts, job, progress)
-        records = job.job_records(p.task_id for p in prompts)
-        evaluation = None
-        if cfg.output.evaluate:
-            from lp.evaluate import evaluate_humaneval
-
-            logger.info("evaluating %d completions (HumanEval tests)", len(records))
-            evaluation = evaluate_humaneval(records, cfg.output.evaluate_timeout_s)
-        summary = summarize(records, cfg, loaded.name, comm, evaluation)
-        job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
-                             for r in records if r["finish_reason"] != "error"], evaluation)
-        return summary
-    finally:
-        if job:
-            job.close()
-
-
-# ---- the prompt loop --------------------------------------------------------------------------------------
-
-
-def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
-          progress: bool) -> None:
-    """Rank 0: decode (and share) every prompt without a record, append each record."""
-    index = {p.task_id: i for i, p in enumerate(prompts, start=cfg.data.offset)}
-    todo = [p for p in prompts if p.task_id not in job.records]
-    if job.kept:
-        logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
-                    len(prompts), len(todo))
-    limit = context_limit(loaded.model)
-    bar = Progress(len(prompts), len(prompts) - len(todo), enabled=progress)
-    shared = 0  # prompts sent to the other ranks (they count the same)
-    try:
-        for prompt in todo:
-            ids, error = encode_prompt(prompt, loaded, cfg, limit)
-            if error is not None:
-                job.append(error_record(prompt, error, ids, cfg.generation.method))
-                logger.warning("%s: error: %s", prompt.task_id, error)
-                bar.advance()
-                continue
-            comm.share_ids([index[prompt.task_id], *ids])
-            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared)
-            shared += 1
-            record = result_record(prompt, ids, result, cfg.generation.method, base)
-            job.append(record)
-            bar.advance(result)
-            logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
-                        bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
-                        result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
-                        result.finish_reason,
-                        "" if base is None else
-                        f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
-                        f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
-    finally:
-        bar.close()
-    comm.share_ids(None)  # no more work
-
-
-def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
-    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work."""
-    shared = 0
-    while (message := comm.share_ids(None)) is not None:
-        decode(cfg, loaded, message[1:], comm, message[0], shared)
-        shared += 1
-
-
-def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
-           shared: int) -> tuple[GenerationResult, GenerationResult | None]:
-    """The job's decode of one prompt, and the baseline's when enabled. The baseline goes first on
-    every other prompt, so warm-up and load drift do not favour either side."""
-    def main() -> GenerationResult:
-        if cfg.generation.method == "autoregressive":
-            return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
-                                           tokenizer=loaded.tokenizer, request=request)
-        return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
-                                  eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
-                                  request=request)
-
-    def baseline() -> GenerationResult:
-        return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
-                                       tokenizer=loaded.tokenizer, request=request)
-
-    if not cfg.baseline.enabled:
-        return main(), None
-    if shared % 2:
-        result = main()
-        return result, baseline()
-    base = baseline()
-    return main(), base
-
-
-def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
-                  limit: int | None) -> tuple[list[int] | None, str | None]:
-    """(prompt ids, None), or (ids or None, why this prompt cannot be decoded)."""
-    if prompt.error is not None:
-        return None, prompt.error
-    if not prompt.prompt:
-        return None, "prompt is empty"
-    tok = loaded.tokenizer
-    try:
-        if cfg.data.chat_template:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt.prompt}],
-                                           add_generation_prompt=True, tokenize=False)
-            ids = list(tok.encode(text, add_special_tokens=False))
-        else:
-            ids = list(tok.encode(prompt.prompt))
-    except Exception as e:  # noqa: BLE001  (a tokenizer that rejects this text)
-        return None, f"cannot tokenize the prompt: {_one_line(e)}"
-    if not ids:
-        return ids, "prompt encodes to no tokens"
-    budget = None if limit is None else limit - cfg.generation.max_new_tokens
-    if budget is not None and len(ids) > budget:
-        return ids, (f"prompt has {len(ids)} tokens, more than the model's context of {limit} positions "
-                     f"minus generation.max_new_tokens={cfg.generation.max_new_tokens} allows ({max(budget, 0)})")
-    return ids, None
-
-
-def context_limit(model) -> int | None:
-    """The model's context length in positions, when its config says."""
-    config = model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-class Progress:
-    """A tqdm bar over the job's prompts on rank 0 with live tokens/s and S (this run's prompts)."""
-
-    def __init__(self, total: int, done: int, enabled: bool):
-        self.done, self.tokens, self.forwards, self.seconds = done, 0, 0, 0.0
-        self.bar = self._redirect = None
-        if enabled:
-            from tqdm import tqdm
-            from tqdm.contrib.logging import logging_redirect_tqdm
-
-            self.bar = tqdm(total=total, initial=done, unit="prompt", desc="decoding", file=sys.stderr,
-                            dynamic_ncols=True)
-            self._redirect = logging_redirect_tqdm()  # log lines print above the bar
-            self._redirect.__enter__()
-
-    def advance(self, result: GenerationResult | None = None) -> None:
-        self.done += 1
-        if result is not None:
-            self.tokens += result.new_tokens
-            self.forwards += result.forwards
-            self.seconds += result.decode_seconds
-        if self.bar is not None:
-            if self.forwards:
-                self.bar.set_postfix_str(f"{tokens_per_second(self.tokens, self.seconds) or 0:.1f} tok/s, "
-                                         f"S={self.tokens / self.forwards:.2f}", refresh=False)
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self._redirect.__exit__(None, None, None)
-            self.bar = None
-
-
-# ---- command line -----------------------------------------------------------------------------------------
+from lp.jobs.config import ConfigError, load_config
+from lp.jobs.data import DataError
+from lp.jobs.results import ResumeRefused
+from lp.jobs.runner import JobError, _one_line, run_job
+from lp.jobs.summary import report
+from lp.models import ModelLoadError
+from lp.parallel.dist import Comm, init_distributed, shutdown
 
 
 def _rank_prefix(comm: Comm) -> str:
     return f"rank {comm.rank}: " if comm.world > 1 else ""
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 def _fail(message: str, code: int) -> NoReturn:

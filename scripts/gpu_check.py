@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
-from lp.cost_model import forward_curve, sync  # the one forward-time measurement (also the sweep's)
+from lp.measure.cost_model import forward_curve, sync  # the one forward-time measurement (also the sweep's)
 
 SHAPES = {
     "llama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,

@@ -18,7 +18,7 @@ whose summary.json exists is skipped (a rerun does no work); a point that fails 
 with its error and the sweep goes on. DIR/sweep.csv gets one row per point, and DIR holds
 speedup_vs_world_size.png, compression_vs_rows.png and tokens_per_second_vs_world_size.png.
 
-Cost model (lp/cost_model.py): the model's forward-time curve is measured once per model and world size
+Cost model (lp/measure/cost_model.py): the model's forward-time curve is measured once per model and world size
 (rows 1..512, prefix = the point's mean prompt length plus half its mean output, the engine's masked
 forward, one CPU thread like each rank; on a CPU by P processes side by side, since P ranks share its cores),
 and one all_gather per world size; both are cached under DIR/cost/. The projected
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lp.config import ConfigError, load_config_dict  # noqa: E402
+from lp.jobs.config import ConfigError, load_config_dict  # noqa: E402
 
 SUMMARY_FIELDS = ("world_size", "backend", "compression", "tokens_per_second", "baseline_tokens_per_second",
                   "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round", "collectives_per_round",
@@ -197,7 +197,7 @@ def cached(path: Path, compute):
 
 
 def cost_figures(row: dict, raw: dict, summary: dict, out: Path) -> dict:
-    from lp import cost_model
+    from lp.measure import cost_model
 
     cfg = load_config_dict(copy.deepcopy(raw))
     prefix = point_prefix(Path(raw["output"]["dir"]))

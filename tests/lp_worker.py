@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lp.dist import init_distributed, shutdown
+from lp.parallel.dist import init_distributed, shutdown
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
 

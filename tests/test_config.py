@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pathlib import Path
 
 import lp.run
-from lp.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, JobConfig, differences, load_config,
+from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, JobConfig, differences, load_config,
                        load_config_dict)
 from lp.engine import LookaheadParams
 from lp.run import main

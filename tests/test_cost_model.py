@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from lp import cost_model as cm
+from lp.measure import cost_model as cm
 
 
 def line(a, b, rows=cm.ROWS):

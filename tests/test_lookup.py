@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from lp.lookup import LookupIndex, merge_candidates
+from lp.decode.lookup import LookupIndex, merge_candidates
 
 
 def rescan(tokens, count, length, max_ngram):

@@ -1,7 +1,7 @@
 """The n-gram pool's LRU policy and sequence seeding."""
 import pytest
 
-from lp.pool import NGramPool, sequence_ngrams
+from lp.decode.pool import NGramPool, sequence_ngrams
 
 
 def test_lru_order_and_eviction():

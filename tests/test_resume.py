@@ -14,10 +14,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from lp.config import load_config
-from lp.results import JobDir, JobDirError
+from lp.jobs.config import load_config
+from lp.jobs.results import JobDir, JobDirError
 from lp.run import main
-from lp.summary import TIMING_KEYS
+from lp.jobs.summary import TIMING_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tiny-random-llama?vocab=64&seed=0"

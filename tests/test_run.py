@@ -10,8 +10,9 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+import lp.jobs.runner
 import lp.run
-from lp.config import JOB_LOOKAHEAD, load_config
+from lp.jobs.config import JOB_LOOKAHEAD, load_config
 from lp.models import load_model
 from lp.run import main
 
@@ -161,7 +162,7 @@ def test_rerun_of_a_finished_job_decodes_nothing(job, monkeypatch):
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("a finished prompt was decoded again")
-    monkeypatch.setattr(lp.run, "lookahead_generate", no_decoding)
+    monkeypatch.setattr(lp.jobs.runner, "lookahead_generate", no_decoding)
     result = runner.invoke(main, ["--config", str(config)])
     assert result.exit_code == 0, result.output
     assert "3 of 3 prompts already have a record" in result.stderr
@@ -349,10 +350,10 @@ class ChatTokenizer:
 
 
 def test_chat_template_wraps_the_prompt_as_the_user_message():
-    from lp.config import load_config_dict
-    from lp.data import Prompt
+    from lp.jobs.config import load_config_dict
+    from lp.jobs.data import Prompt
     from lp.models import LoadedModel
-    from lp.run import encode_prompt
+    from lp.jobs.runner import encode_prompt
 
     loaded = LoadedModel(None, ChatTokenizer(), "fake", [2])
     cfg = load_config_dict({"data": {"chat_template": True}})

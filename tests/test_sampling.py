@@ -9,7 +9,7 @@ import torch
 
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
-from lp.sampling import Draws, distribution, group_by_first_token, try_proposals, verify_sampling, warpers
+from lp.decode.sampling import Draws, distribution, group_by_first_token, try_proposals, verify_sampling, warpers
 
 A, B, C, D = 0, 1, 2, 3
 P = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)

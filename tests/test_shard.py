@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from lp.shard import block_rows, shard_plan
+from lp.parallel.shard import block_rows, shard_plan
 
 
 def brute_force_best(world, columns, depth, lengths, ordinary):

@@ -1,6 +1,6 @@
 import pytest
 
-from lp.stopping import StopChecker
+from lp.decode.stopping import StopChecker
 
 
 class CharTokenizer:

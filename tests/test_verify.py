@@ -1,6 +1,6 @@
 import torch
 
-from lp.verify import HEADER, decide, greedy_hits, greedy_verdict, pack_payload
+from lp.decode.verify import HEADER, decide, greedy_hits, greedy_verdict, pack_payload
 
 T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
 

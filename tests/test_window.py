@@ -1,7 +1,7 @@
 """The Jacobi window against DESIGN.md's worked examples."""
 import pytest
 
-from lp.window import JacobiWindow
+from lp.decode.window import JacobiWindow
 
 
 def sizes(w: JacobiWindow):

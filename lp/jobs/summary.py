@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from lp.config import JobConfig
-from lp.data import Prompt
-from lp.dist import Comm
 from lp.engine import GenerationResult
-from lp.results import JobDir
+from lp.jobs.config import JobConfig
+from lp.jobs.data import Prompt
+from lp.jobs.results import JobDir
+from lp.parallel.dist import Comm
 
 
 def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult, method: str = "lookahead",

@@ -128,9 +128,9 @@ def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, de
     """Median seconds of one forward of `rows` new rows over a `prefix`-token cache.
 
     masked: pass an explicit 4-D float causal mask and keep every row's logits, as the engine's
-    rounds do (lp.kv_cache.forward_logits); otherwise the model's own causal mask.
+    rounds do (lp.decode.kv_cache.forward_logits); otherwise the model's own causal mask.
     barrier: waited on before each forward (processes measuring side by side stay in step)."""
-    from lp.kv_cache import crop, forward, new_cache
+    from lp.decode.kv_cache import crop, forward, new_cache
 
     device = torch.device(device)
     vocab = model.config.vocab_size
@@ -171,7 +171,7 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
     """Median seconds of a round's device-side verification (lp.engine's path after the forward:
     argmax of [rows, vocab] logits, indexing, greedy_verdict of `guesses` candidates, pack_payload,
     decide on the payload read back), on synthetic logits."""
-    from lp.verify import decide, greedy_verdict, pack_payload, padded
+    from lp.decode.verify import decide, greedy_verdict, pack_payload, padded
 
     device = torch.device(device)
     s, deep_slots = ngram - 1, window + ngram - 2
@@ -204,7 +204,7 @@ def _gather_worker(rank: int, world: int, port: int, numel: int, repeats: int, b
                    cfg=None, prefix: int = 0, rows: int = 1, candidates: int = 0) -> None:
     import torch.distributed as dist
 
-    from lp.dist import _all_gather_single
+    from lp.parallel.dist import _all_gather_single
 
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -234,7 +234,7 @@ def _gather_worker(rank: int, world: int, port: int, numel: int, repeats: int, b
 
 def _round_forward(cfg, prefix: int, rows: int, device):
     """A closure running one masked forward of `rows` rows over a `prefix` cache (then cropping it)."""
-    from lp.kv_cache import crop, forward, new_cache
+    from lp.decode.kv_cache import crop, forward, new_cache
     from lp.models import load_model
 
     model = load_model(cfg.model.name, dtype=cfg.model.dtype,
@@ -266,7 +266,7 @@ def measure_collective(world: int, numel: int = 64, repeats: int = 100, backend:
 
     Without `cfg` the ranks enter each all_gather together (a barrier first): the bare latency
     (median).
-    With a job config (lp.config.JobConfig) each all_gather follows what an LP round does before
+    With a job config (lp.jobs.config.JobConfig) each all_gather follows what an LP round does before
     it: rank 0 broadcasts a [candidates] buffer and every rank runs a masked forward of `rows` rows
     over a `prefix` cache; the time then includes the ranks' skew and wake-up, as in a round (mean,
     like the measured per-round time it is compared with: on a shared CPU the waits have a long tail)."""
@@ -292,7 +292,7 @@ def measure_collective(world: int, numel: int = 64, repeats: int = 100, backend:
 
 def measure_job_curve(cfg, prefix: int, rows_list: Sequence[int] = ROWS, repeats: int = 9,
                       threads: int | None = 1, concurrent: int = 1) -> list[dict]:
-    """The forward curve of a job config's model (lp.config.JobConfig) on its device, with the
+    """The forward curve of a job config's model (lp.jobs.config.JobConfig) on its device, with the
     engine's masked forward; `threads` fixes torch's CPU threads (the sweep runs ranks with one).
 
     concurrent: on a CPU device, P workers share the machine's cores and memory bandwidth, so the

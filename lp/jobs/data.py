@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lp.config import DataSection
+from lp.jobs.config import DataSection
 
 
 class DataError(ValueError):

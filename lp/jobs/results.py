@@ -24,9 +24,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from lp.config import ConfigError, JobConfig, differences, load_config
+from lp.jobs.config import ConfigError, JobConfig, differences, load_config
 
-logger = logging.getLogger("lp.results")
+logger = logging.getLogger("lp.jobs.results")
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from lp.verify import padded
 
 
 @dataclass
@@ -44,8 +43,8 @@ class Comm:
         buf = torch.full((1 + capacity * width,), -1, dtype=torch.long)
         if self.rank == 0:
             buf[0] = len(candidates)
-            if candidates:   # rows padded with -1, which is never a token
-                buf[1:1 + len(candidates) * width] = padded(candidates, width, -1).flatten()
+            flat = [t for c in candidates for t in (*c, *(-1,) * (width - len(c)))]  # -1 is never a token
+            buf[1:1 + len(flat)] = torch.tensor(flat, dtype=torch.long)
         dist.broadcast(buf, 0, group=self.cpu_group)
         self._count(buf)
         count = int(buf[0])
