@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lp.decode.propose import SUFFIX_NGRAM
+from lp.decode.suffix import SuffixIndex
 from lp.parallel.dist import init_distributed, shutdown
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
@@ -38,8 +40,18 @@ def count_collectives():
 
 
 def params(case) -> LookaheadParams:
-    """A case's lookahead settings: W, N, G plus optional lookup keys."""
+    """A case's lookahead settings: W, N, G plus optional other keys (lookup, suffix drafts...)."""
     return LookaheadParams(case["w"], case["n"], case["g"], **case.get("lookup", {}))
+
+
+def corpus(case):
+    """A case's job-wide index of earlier completions (`corpus`: a list of token lists), or None."""
+    if "corpus" not in case:
+        return None
+    index = SuffixIndex(SUFFIX_NGRAM)
+    for seq in case["corpus"]:
+        index.add(seq)
+    return index
 
 
 def main(spec_path, out_dir):
@@ -53,7 +65,8 @@ def main(spec_path, out_dir):
         before = Counter(calls)
         gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
         r = lookahead_generate(model, case["prompt"], params(case), gen,
-                               eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0))
+                               eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0),
+                               corpus=corpus(case))
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
                             forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,
                             bytes=r.bytes_moved, rows=r.rows_per_round, max_rows=r.max_rows_per_round))

@@ -193,3 +193,99 @@ def test_max_new_tokens_and_eos_inside_a_long_round(model16, cfg):
             assert r.finish_reason == "eos"
             eos_cases += 1
     assert cases >= 3 and eos_cases >= 1
+
+
+# ---------------------------------------------------------------- token trees
+
+from lp.decode import propose  # noqa: E402
+from lp.decode.suffix import SuffixIndex  # noqa: E402
+
+# (W, N, G, extra lookahead keys): suffix drafts from the request and a job corpus, merged with
+# the pool and lookup; budgets that cut the tree; window on and off
+TREE_GRID = [
+    (0, 3, 0, dict(suffix_factor=4, suffix_tokens=12)),
+    (0, 4, 4, dict(suffix_factor=8, suffix_tokens=32, suffix_min_score=0.1, job_cache=True)),
+    (0, 3, 0, dict(lookup_candidates=2, lookup_tokens=8, suffix_factor=2, suffix_tokens=16, job_cache=True,
+                   tree_budget=6)),
+    (3, 4, 3, dict(lookup_candidates=2, lookup_tokens=6, suffix_factor=4, suffix_tokens=10, job_cache=True,
+                   tree_budget=12)),
+    (5, 5, 15, dict(suffix_factor=8, suffix_tokens=24, job_cache=True)),
+    (2, 3, 5, dict(suffix_factor=1, suffix_tokens=4, job_cache=True, tree_budget=3)),
+]
+
+
+def job_corpus(model, prompts, new=NEW):
+    """A job-wide index holding the greedy completions of `prompts` (earlier tasks of a job)."""
+    corpus = SuffixIndex(propose.SUFFIX_NGRAM)
+    for p in prompts:
+        corpus.add(greedy(model, p, new))
+    return corpus
+
+
+@pytest.fixture
+def trees_seen(monkeypatch):
+    """Every token tree the proposer builds during the test."""
+    seen = []
+    original = propose.Proposer.tree
+
+    def tree(self):
+        t = original(self)
+        seen.append(t)
+        return t
+    monkeypatch.setattr(propose.Proposer, "tree", tree)
+    return seen
+
+
+def run_tree(model, prompt, cfg, corpus=None, max_new=NEW, eos=()):
+    w, n, g, extra = cfg
+    return lookahead_generate(model, prompt, LookaheadParams(w, n, g, **extra), GenerationParams(max_new),
+                              eos_token_ids=list(eos), corpus=corpus)
+
+
+@pytest.mark.parametrize("cfg", TREE_GRID)
+def test_token_trees_identical_to_generate(model16, references, cfg, trees_seen):
+    """Tree rounds (shared prefixes, branches below the root, budget cuts, a job corpus
+    built from other prompts' completions) give generate's tokens."""
+    emitted = []
+    for i, prompt in enumerate(PROMPTS + SPAN_PROMPTS):
+        corpus = job_corpus(model16, [p for p in PROMPTS + SPAN_PROMPTS if p != prompt][:3]) \
+            if cfg[3].get("job_cache") else None
+        r = run_tree(model16, prompt, cfg, corpus)
+        assert r.token_ids == greedy(model16, prompt, NEW), (prompt, cfg)
+        emitted += r.emitted_per_round
+        budget = cfg[3].get("tree_budget")
+        assert all(len(t) <= budget for t in trees_seen) if budget else True
+    assert max(emitted) > cfg[1] or cfg[3].get("suffix_tokens", 0) < cfg[1]   # longer than an n-gram
+    branching = [t for t in trees_seen if any(len(t.children(u)) > 1 for u in range(len(t)))]
+    assert branching, "no tree branched below the root"
+
+
+def tree_cuts(model, cfg):
+    """For each prompt, the first round that emits more than 2 tokens: (prompt, corpus,
+    tokens before it, tokens it emits, the full output)."""
+    for prompt in PROMPTS + SPAN_PROMPTS:
+        corpus = lambda: job_corpus(model, [p for p in PROMPTS if p != prompt][:2])  # noqa: E731
+        r = run_tree(model, prompt, cfg, corpus())
+        done = 0
+        for e in r.emitted_per_round:
+            if e > 2:
+                yield prompt, corpus, done, e, r.token_ids
+                break
+            done += e
+
+
+@pytest.mark.parametrize("cfg", [TREE_GRID[1], TREE_GRID[3]])
+def test_max_new_tokens_and_eos_inside_an_accepted_path(model16, cfg):
+    cases = eos_cases = 0
+    for prompt, corpus, before, emitted, full in tree_cuts(model16, cfg):
+        limit = before + emitted - 1
+        r = run_tree(model16, prompt, cfg, corpus(), max_new=limit)
+        assert r.token_ids == greedy(model16, prompt, limit) == full[:limit] and r.finish_reason == "length"
+        cases += 1
+        j = fresh_eos(full, before, emitted)
+        if j is not None:
+            r = run_tree(model16, prompt, cfg, corpus(), eos=[full[before + j]])
+            assert r.token_ids == greedy(model16, prompt, NEW, eos=full[before + j]) == full[:before + j + 1]
+            assert r.finish_reason == "eos"
+            eos_cases += 1
+    assert cases >= 3 and eos_cases >= 1

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lp.decode.kv_cache import forward, forward_logits, new_cache
-from lp.decode.layout import BASE, CAND, DEEP, ORDINARY, build_round, pack, visibility
+from lp.decode.layout import BASE, DEEP, ORDINARY, build_round, pack, visibility
+from lp.decode.tree import tree_of
 
 
 def name(row):
@@ -14,7 +15,7 @@ def name(row):
         return f"b{row.col}"
     if row.role == DEEP:
         return f"u{row.level},{row.col}"
-    return f"v{row.cand},{row.off}"
+    return f"v{row.node}"
 
 
 def expected_visible(rnd):
@@ -30,19 +31,32 @@ def expected_visible(rnd):
         elif r.role == DEEP:
             seen = ords + [f"b{j}" for j in range(1, r.col + 1)]
             seen += [f"u{q},{r.col}" for q in range(1, r.level + 1)]
-        else:
-            seen = ords + [f"v{r.cand},{s}" for s in range(r.off + 1)]
+        else:   # the node and its ancestors, from the tree itself
+            seen = ords + [f"v{u}" for u in rnd_tree(rnd).path(r.node)]
         out[name(r)] = set(seen)
     return out
 
 
 LEVELS_N4_W3 = [[11, 12], [21, 22, 23], [31, 32, 33]]
-CANDS = [(41, 42, 43), (51, 52, 53)]
+CANDS = tree_of([(41, 42, 43), (51, 52, 53)])                   # two chains: v0 v1 v2 | v3 v4 v5
+BRANCHY = tree_of([(41, 42, 43), (41, 44), (41, 42, 45), (51,)])  # branches at depth 1 and 2
+_TREES = {}
+
+
+def rnd_tree(rnd):
+    return _TREES[id(rnd)]
+
+
+def build(ordinary, position, levels, tree, **kw):
+    rnd = build_round(ordinary, position, levels, tree, **kw)
+    _TREES[id(rnd)] = tree
+    return rnd
 
 
 @pytest.mark.parametrize("ordinary", [[9], [7, 8, 9]])
-def test_visibility_row_by_row(ordinary):
-    rnd = build_round(ordinary, 20, LEVELS_N4_W3, CANDS)
+@pytest.mark.parametrize("tree", [CANDS, BRANCHY])
+def test_visibility_row_by_row(ordinary, tree):
+    rnd = build(ordinary, 20, LEVELS_N4_W3, tree)
     vis = visibility(rnd.rows)
     want = expected_visible(rnd)
     names = [name(r) for r in rnd.rows]
@@ -52,19 +66,20 @@ def test_visibility_row_by_row(ordinary):
 
 
 def test_positions_follow_the_coordinates():
-    rnd = build_round([9], 20, LEVELS_N4_W3, CANDS)
+    rnd = build_round([9], 20, LEVELS_N4_W3, BRANCHY)
     pos = {name(r): r.pos for r in rnd.rows}
     assert pos["o0"] == 20 and pos["b1"] == 21 and pos["b2"] == 22
     assert pos["u1,0"] == 21 and pos["u2,2"] == 24
-    assert pos["v0,0"] == 21 and pos["v1,2"] == 23
+    # BRANCHY in preorder: 41 42 43 45 44 | 51; a node at depth d sits at p + d
+    assert [pos[f"v{u}"] for u in range(6)] == [21, 22, 23, 23, 22, 21]
     tok = {name(r): r.token for r in rnd.rows}
-    assert tok["b1"] == 11 and tok["u2,1"] == 32 and tok["v1,0"] == 51
+    assert tok["b1"] == 11 and tok["u2,1"] == 32 and [tok[f"v{u}"] for u in range(6)] == [41, 42, 43, 45, 44, 51]
 
 
 @pytest.mark.parametrize("n,w,c", [(3, 1, 0), (4, 5, 0), (4, 5, 3), (5, 15, 15), (7, 2, 1)])
 def test_steady_row_count(n, w, c):
     levels = [[1] * (w - 1)] + [[2] * w for _ in range(n - 2)]
-    cands = [tuple([3] * (n - 1))] * c
+    cands = tree_of([(3 + i,) + (3,) * (n - 2) for i in range(c)])   # c chains of N-1 tokens
     rnd = build_round([5], 0, levels, cands)
     assert len(rnd) == (w + c) * (n - 1)
 
@@ -73,15 +88,15 @@ def test_logit_rows_are_only_the_needed_ones():
     rnd = build_round([7, 8, 9], 20, LEVELS_N4_W3, CANDS)
     names = [name(r) for r in rnd.rows]
     got = {names[i] for i in rnd.logit_rows}
-    assert got == {"o2", "u2,0", "u2,1", "u2,2"} | {f"v{c},{s}" for c in range(2) for s in range(3)}
+    assert got == {"o2", "u2,0", "u2,1", "u2,2"} | {f"v{u}" for u in range(6)}
     # during warmup with only level 0, the base cells are the deepest level
-    rnd = build_round([9], 20, [[11, 12, 13]], [])
+    rnd = build_round([9], 20, [[11, 12, 13]])
     assert {names for names in (name(rnd.rows[i]) for i in rnd.logit_rows)} == {"o0", "b1", "b2", "b3"}
 
 
 def test_column_block_feeds_earlier_base_cells():
     """An LP block ending at column e also feeds b_1..b_{e-1} but only its own deep cells."""
-    rnd = build_round([9], 20, LEVELS_N4_W3, [], columns=range(2, 3))
+    rnd = build_round([9], 20, LEVELS_N4_W3, columns=range(2, 3))
     names = [name(r) for r in rnd.rows]
     assert names == ["o0", "b1", "b2", "u1,2", "u2,2"]
     assert [names[i] for i in rnd.deep_rows] == ["u2,2"]
@@ -103,16 +118,18 @@ def branch_tokens(rnd, row_index, vis):
 
 @pytest.mark.parametrize("prefilled", [False, True])
 @pytest.mark.parametrize("levels,cands", [
-    (LEVELS_N4_W3, CANDS),                   # steady state, N=4 W=3, 2 candidates
-    ([[11, 12, 13, 14]], [(41, 42, 43)]),    # first warmup round, one candidate
-    ([[11, 12, 13], [21, 22, 23, 24]], []),  # second warmup round
+    (LEVELS_N4_W3, [(41, 42, 43), (51, 52, 53)]),           # steady state, N=4 W=3, 2 chains
+    (LEVELS_N4_W3, [(41, 42, 43), (41, 44), (41, 42, 45), (51,)]),   # a tree branching below the root
+    ([[11, 12, 13, 14]], [(41, 42, 43)]),                   # first warmup round, one candidate
+    ([[11, 12, 13], [21, 22, 23, 24]], []),                 # second warmup round
+    ([], [(41, 42, 43), (41, 44, 46), (47,)]),              # no window at all
 ])
 def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, levels, cands):
     model = tiny_model64
     vocab = model.config.vocab_size
     prompt = [3, 5, 7, 9, 11, 13, 2, 4]
     levels = [[t % vocab for t in lv] for lv in levels]
-    cands = [tuple(t % vocab for t in c) for c in cands]
+    cands = tree_of([tuple(t % vocab for t in c) for c in cands])
     cache = new_cache(model)
     if prefilled:   # cache holds prompt[:-1]; the round has one ordinary row
         forward(model, cache, input_ids=torch.tensor([prompt[:-1]]))

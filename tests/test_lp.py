@@ -9,11 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from lp.engine import GenerationParams, lookahead_generate
 from lp.models import tiny_random_llama
-from lp_worker import params
+from lp_worker import corpus, params
 from test_exactness import SPAN_PROMPTS, fresh_eos
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,22 @@ CONFIGS = [(1, 3, 5), (2, 4, 5), (5, 5, 15), (15, 4, 7), (3, 5, 0), (3, 7, 15)] 
 # with prompt/output lookup candidates (variable lengths, rounds longer than N); W = 0: no window
 LOOKUP_CONFIGS = [(0, 3, 0, 2, 10, 3), (2, 4, 5, 2, 8, 3), (5, 5, 15, 3, 12, 2)]
 NEW = 32
+# token trees: suffix drafts (the request and a job corpus of other prompts' greedy completions),
+# merged with the pool and lookup, budget cuts; window on and off
+TREE_CONFIGS = [(0, 3, 0, dict(suffix_factor=4, suffix_tokens=12, job_cache=True)),
+                (3, 4, 3, dict(lookup_candidates=2, lookup_tokens=6, suffix_factor=4, suffix_tokens=10,
+                               job_cache=True, tree_budget=12)),
+                (5, 5, 15, dict(suffix_factor=8, suffix_tokens=24, job_cache=True))]
+
+
+def tree_case(model, prompt, cfg, max_new=NEW, others=None):
+    """A tree case whose job corpus holds the greedy completions of up to three other prompts."""
+    w, n, g, extra = cfg
+    others = [p for p in (others or PROMPTS + SPAN_PROMPTS) if p != prompt][:3]
+    x = lambda p: torch.tensor([p])  # noqa: E731
+    done = [model.generate(x(p), attention_mask=torch.ones_like(x(p)), do_sample=False, max_new_tokens=NEW,
+                           pad_token_id=0)[0, len(p):].tolist() for p in others]
+    return dict(prompt=prompt, w=w, n=n, g=g, max_new=max_new, lookup=extra, corpus=done)
 
 
 def lookup_case(prompt, cfg, max_new=NEW):
@@ -35,7 +52,8 @@ def single(model, case):
     """The one-worker run of a case (as tests/lp_worker.py runs it under torchrun)."""
     return lookahead_generate(model, case["prompt"], params(case),
                               GenerationParams(case["max_new"], **case.get("sampling", {})),
-                              eos_token_ids=case.get("eos", []), request=case.get("request", 0))
+                              eos_token_ids=case.get("eos", []), request=case.get("request", 0),
+                              corpus=corpus(case))
 
 
 def cut_cases(model, bases=None):
@@ -44,10 +62,11 @@ def cut_cases(model, bases=None):
     if bases is None:
         bases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for w, n, g in [(5, 5, 15), (2, 4, 5)] for p in PROMPTS]
         bases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
+        bases += [tree_case(model, p, cfg) for cfg in TREE_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
     cases = []
     for base in bases:
         r = single(model, base)
-        long = "lookup" in base
+        long = "lookup" in base   # lookup or tree cases: rounds may emit more than N tokens
         done = 0
         for e in r.emitted_per_round:
             if e > (base["n"] if long else 1):
@@ -65,10 +84,13 @@ def cases_and_reference():
     model = tiny_random_llama(**MODEL).model.double()
     cases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for (w, n, g) in CONFIGS for p in PROMPTS]
     cases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS for p in PROMPTS]
+    cases += [tree_case(model, p, cfg) for cfg in TREE_CONFIGS for p in PROMPTS + SPAN_PROMPTS[:2]]
     cuts = cut_cases(model)
     assert any("eos" in c for c in cuts) and any(c["max_new"] < NEW for c in cuts)
     long_cuts = [c for c in cuts if "lookup" in c]
     assert any("eos" in c for c in long_cuts) and any(c["max_new"] < NEW for c in long_cuts)
+    tree_cuts = [c for c in cuts if "corpus" in c]
+    assert any("eos" in c for c in tree_cuts) and any(c["max_new"] < NEW for c in tree_cuts)
     cases += cuts
     return cases, [single(model, c) for c in cases]
 
@@ -137,6 +159,10 @@ def test_sampling_two_workers_match_one(tmp_path):
     lookup = [dict(lookup_case([t % 8 for t in p], cfg, max_new=24), sampling=temp, request=f"lookup{i}")
               for i, (p, cfg, temp) in enumerate(itertools.product(
                   PROMPTS[:2] + SPAN_PROMPTS + LOOKUP_SAMPLING_PROMPTS, LOOKUP_CONFIGS, [sampling, cooler]))]
+    small = [[t % 8 for t in p] for p in PROMPTS + LOOKUP_SAMPLING_PROMPTS]
+    lookup += [dict(tree_case(model, p, cfg, max_new=24, others=small), sampling=temp, request=f"tree{i}")
+               for i, (p, cfg, temp) in enumerate(itertools.product(
+                   small[:2] + LOOKUP_SAMPLING_PROMPTS, TREE_CONFIGS, [sampling, cooler]))]
     cuts = cut_cases(model, lookup)     # sampled rounds longer than N, cut by max_new_tokens or EOS
     assert any("eos" in c for c in cuts) and any(c["max_new"] < 24 for c in cuts)
     cases += lookup + cuts

@@ -9,7 +9,8 @@ import torch
 
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
-from lp.decode.sampling import Draws, distribution, group_by_first_token, try_proposals, verify_sampling, warpers
+from lp.decode.sampling import Draws, distribution, try_proposals, verify_tree_sampling, warpers
+from lp.decode.tree import tree_of
 
 A, B, C, D = 0, 1, 2, 3
 P = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)
@@ -66,9 +67,11 @@ def test_draws_depend_only_on_their_address():
     assert all(0 <= a.uniform(r, 0, 0) < 1 for r in range(100))
 
 
-def test_grouping_keeps_first_appearance_order():
-    cands = [(5, 1), (6, 1), (5, 2), (7, 0), (6, 3)]
-    assert group_by_first_token(cands) == [(5, 1), (5, 2), (6, 1), (6, 3), (7, 0)]
+def verify(cands, cond, draws, round_):
+    """The tree verifier over the trie of `cands`; a node's row is cond(its path's tokens)."""
+    tree = tree_of(cands)
+    return verify_tree_sampling(cond(()), tree, lambda u: cond(tuple(tree.tokens[v] for v in tree.path(u))),
+                                draws, round_)
 
 
 def test_multi_offset_verifier_enumerated():
@@ -80,7 +83,7 @@ def test_multi_offset_verifier_enumerated():
     n = 20000
     counts = Counter()
     for r in range(n):
-        res = verify_sampling(p1, cands, lambda c, s: cond[cands[c][s]], Draws(3, "joint"), r)
+        res = verify(cands, lambda path: cond[path[-1]] if path else p1, Draws(3, "joint"), r)
         second = res.emitted[1] if len(res.emitted) > 1 else None
         if second is None:   # offset-0 token was a residual draw: sample the next one from its conditional
             second = try_proposals(cond[res.emitted[0]], [], lambda i, r=r: Draws(4, "x").uniform(r, 0, i))[0]
@@ -95,15 +98,64 @@ def conditional(prefix):
     return torch.roll(P, sum((i + 1) * t for i, t in enumerate(prefix)))
 
 
-@pytest.mark.parametrize("cands", [[(A,), (A, B, C), (B, D), (A, B)], [(C, A, B), (C,), (D, D)], [(B, B, B)]])
-def test_variable_length_candidates_verifier_exact(cands):
-    """Candidates of different lengths (lookup spans beside pool n-grams, prefixes of
-    one another): the joint of the first three emitted tokens equals the chain's."""
+TREES = [[(A,), (A, B, C), (B, D), (A, B)], [(C, A, B), (C,), (D, D)], [(B, B, B)],
+         [(A, B, C), (A, B, D), (A, C, A), (B, D)],          # branches at depth 1 and 2
+         [(C, A, B), (C, A, C), (C, A, D), (C, B), (D, D)]]  # three siblings at depth 3
+
+
+def enumerate_tree(cands, cond, depth=3):
+    """The exact joint of the first `depth` emitted tokens of the tree walk (accept a child
+    with its renormalised probability, residual on rejection, the rest from the chain),
+    by walking every branch; independent of lp's code."""
+    tree = tree_of(cands)
+    out = Counter()
+
+    def rest(prefix, weight):   # tokens after the walk ended: plain sampling from the chain
+        if len(prefix) == depth:
+            out[prefix] += weight
+            return
+        q = cond(prefix)
+        for t in range(len(q)):
+            if q[t] > 0:
+                rest(prefix + (t,), weight * float(q[t]))
+
+    def walk(node, prefix, weight):
+        if len(prefix) == depth:
+            out[prefix] += weight
+            return
+        q = cond(prefix).clone()
+        reach = 1.0
+        for child in tree.children(node):
+            t = tree.tokens[child]
+            p_t = float(q[t] / q.sum())
+            walk(child, prefix + (t,), weight * reach * p_t)
+            reach *= 1 - p_t
+            q[t] = 0
+        for t in range(len(q)):       # every child rejected: the residual, then the chain
+            if q[t] > 0:
+                rest(prefix + (t,), weight * reach * float(q[t] / q.sum()))
+
+    walk(-1, (), 1.0)
+    return out
+
+
+@pytest.mark.parametrize("cands", TREES)
+def test_tree_walk_enumerated_equals_the_chain(cands):
+    got = enumerate_tree(cands, conditional)
+    for a, b, c in itertools.product(range(4), repeat=3):
+        want = float(conditional(())[a] * conditional((a,))[b] * conditional((a, b))[c])
+        assert got[(a, b, c)] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("cands", TREES)
+def test_tree_verifier_monte_carlo_exact(cands):
+    """The real verifier on trees with shared prefixes, branches below the root and
+    candidates that prefix one another: the joint of the first three emitted tokens
+    equals the chain's (chi-square)."""
     n, counts = 20000, Counter()
     extra = Draws(4, "rest")
     for r in range(n):
-        res = verify_sampling(conditional(()), cands, lambda c, s: conditional(cands[c][:s + 1]),
-                              Draws(3, "var"), r)
+        res = verify(cands, conditional, Draws(3, "var"), r)
         out = list(res.emitted)
         assert len(out) <= 1 + max(map(len, cands))
         while len(out) < 3:   # the rest of the three tokens from the chain itself

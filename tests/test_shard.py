@@ -23,7 +23,7 @@ def brute_force_best(world, columns, depth, lengths, ordinary):
 def check_plan(plan, world, columns, candidates):
     assert len(plan) == world
     cols = [c for sh in plan for c in sh.columns]
-    cands = [c for sh in plan for c in sh.candidates]
+    cands = [c for sh in plan for c in sh.subtrees]
     assert cols == list(range(columns))          # every column once, in rank order
     assert cands == list(range(candidates))      # every candidate once, in rank order
 
@@ -47,7 +47,7 @@ def test_plan_covers_and_is_optimal(world, columns, depth, lengths, ordinary):
     check_plan(plan, world, columns, len(lengths))
     for sh in plan:
         assert sh.rows == (ordinary + block_rows(sh.columns.start, sh.columns.stop, depth)
-                           + sum(lengths[sh.candidates.start:sh.candidates.stop]))
+                           + sum(lengths[sh.subtrees.start:sh.subtrees.stop]))
     assert max(sh.rows for sh in plan) == brute_force_best(world, columns, depth, lengths, ordinary)
 
 
@@ -62,7 +62,7 @@ def test_balance_beats_equal_column_counts():
 
 def test_single_rank_takes_everything():
     (sh,) = shard_plan(1, 15, 4, (4,) * 15, 1)
-    assert sh.columns == range(15) and sh.candidates == range(15)
+    assert sh.columns == range(15) and sh.subtrees == range(15)
     assert sh.rows == (15 + 15) * 4        # Q = (W + C)(N - 1)
 
 

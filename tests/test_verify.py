@@ -1,52 +1,96 @@
+"""Greedy tree verification on the device and the round decision across ranks."""
 import torch
 
-from lp.decode.verify import HEADER, decide, greedy_hits, greedy_verdict, pack_payload
+from lp.decode.tree import tree_of
+from lp.decode.verify import HEADER, decide, pack_payload, tree_tensors, tree_verdict
 
 T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
 
 
-def test_hits_per_candidate():
-    guesses = T([[5, 6, 9], [5, 6, 7], [4, 6, 7], [5, 1, 7]])
-    preds = T([[6, 7, 8], [6, 7, 8], [6, 7, 8], [6, 7, 8]])
-    assert greedy_hits(T(5), guesses, preds).tolist() == [2, 3, 0, 1]
+def walk(tree, z, predictions):
+    """The specification, on the host: follow the target's argmax down the tree."""
+    node, emitted = -1, [z]
+    while True:
+        nxt = [u for u in tree.children(node) if tree.tokens[u] == emitted[-1]]
+        if not nxt:
+            return emitted, node
+        node = nxt[0]
+        emitted.append(predictions[node])
 
 
-def payload(z, guesses, preds, first=0, deep=(), s=3, slots=4):
-    head, after = greedy_verdict(T(z), T(guesses).view(-1, s), T(preds).view(-1, s), first)
+def verdict(tree, z, predictions, nodes=None, width=4):
+    nodes = nodes if nodes is not None else range(len(tree))
+    head, after = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([predictions[u] for u in nodes]),
+                               first_node=nodes.start, width=width)
+    return head.tolist(), after.tolist()
+
+
+# preorder: 5 6 7 | 5 6 9 | 5 1 | 4 -> nodes 0:5 1:6 2:7 3:9 4:1 5:4
+TREE = tree_of([(5, 6, 7), (5, 6, 9), (5, 1), (4,)])
+
+
+def test_the_tree_is_stored_in_preorder_with_children_by_token():
+    assert TREE.tokens == (4, 5, 1, 6, 7, 9) and TREE.parents == (-1, -1, 1, 1, 3, 3)
+    assert TREE.depths == (1, 1, 2, 2, 3, 3) and TREE.units() == (1, 5)
+
+
+def test_walk_follows_argmax_down_the_branch_that_matches():
+    preds = [0, 6, 0, 9, 0, 8]           # 5 -> predicts 6 -> predicts 9 -> (leaf 9) predicts 8
+    head, after = verdict(TREE, 5, preds)
+    assert head == [5, 3, 5] and after[:3] == [6, 9, 8]
+    emitted, node = walk(TREE, 5, preds)
+    assert emitted == [5] + after[:3] and node == head[2]
+
+
+def test_random_trees_agree_with_the_host_walk():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        paths = [tuple(torch.randint(0, 4, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist())
+                 for _ in range(int(torch.randint(1, 6, (1,), generator=gen)))]
+        tree = tree_of(paths)
+        preds = torch.randint(0, 4, (len(tree),), generator=gen).tolist()
+        z = int(torch.randint(0, 4, (1,), generator=gen))
+        head, after = verdict(tree, z, preds, width=5)
+        emitted, node = walk(tree, z, preds)
+        assert [head[0]] + after[:head[1]] == emitted and head[1] == len(emitted) - 1
+        assert head[1] == 0 or head[2] == node
+
+
+def test_no_match_and_empty_tree_emit_only_z():
+    assert verdict(TREE, 3, [0] * 6)[0][:2] == [3, 0]
+    empty = tree_of([])
+    head, after = verdict(empty, 3, [], width=4)
+    assert head[:2] == [3, 0] and after == [0, 0, 0, 0]
+
+
+def payload(tree, z, preds, nodes=None, deep=(), width=4, slots=4):
+    nodes = nodes if nodes is not None else range(len(tree))
+    head, after = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([preds[u] for u in nodes]),
+                               first_node=nodes.start, width=width)
     return pack_payload(head, after, T(list(deep)), slots).tolist()
 
 
 def test_payload_layout_and_bonus_token():
-    p = payload(5, [[5, 6, 7], [5, 6, 9]], [[6, 7, 8], [6, 7, 8]], first=10, deep=[1, 2])
-    assert p[:HEADER] == [5, 3, 10, 2]          # all 3 guesses of candidate 10 match
+    chain = tree_of([(5, 6, 7)])
+    p = payload(chain, 5, [6, 7, 8], deep=[1, 2], width=3)
+    assert p[:HEADER] == [5, 3, 2, 2]          # all 3 nodes match; the deepest is node 2
     assert p[HEADER:HEADER + 3] == [6, 7, 8]    # ...and 8 is the free 4th token
     assert p[HEADER + 3:] == [1, 2, -1, -1]
     d = decide([p], 3)
-    assert d.emitted == [5, 6, 7, 8] and d.hits == 3 and d.candidate == 10 and d.deepest == [1, 2]
+    assert d.emitted == [5, 6, 7, 8] and d.hits == 3 and d.node == 2 and d.deepest == [1, 2]
 
 
-def test_no_candidates_emits_next_token():
-    d = decide([payload(5, [], [], deep=[3])], 3)
-    assert d.emitted == [5] and d.hits == 0 and d.candidate == -1 and d.deepest == [3]
-
-
-def test_ties_go_to_lowest_global_index():
-    local = payload(5, [[5, 1, 0], [5, 2, 0]], [[9, 0, 0], [2, 5, 0]])       # best local: index 1
-    assert local[:3] == [5, 2, 1]
-    a = payload(5, [[5, 2, 0]], [[2, 4, 0]], first=3, deep=[1])               # 2 hits at global 3
-    b = payload(5, [[5, 2, 1]], [[2, 4, 0]], first=1, deep=[2])               # 2 hits at global 1
-    d = decide([a, b], 3)
-    assert d.candidate == 1 and d.emitted == [5, 2, 4] and d.deepest == [1, 2]
-
-
-def test_longest_hit_wins_across_ranks():
-    a = payload(5, [[5, 0, 0]], [[1, 1, 1]], first=0)
-    b = payload(5, [[5, 6, 7]], [[6, 7, 8]], first=1)
-    assert decide([a, b], 3).emitted == [5, 6, 7, 8]
+def test_ranks_own_whole_subtrees_and_the_hit_decides():
+    preds = [0, 6, 0, 9, 0, 8]
+    a = payload(TREE, 5, preds, nodes=range(0, 1), deep=[1])   # subtree of 4: no hit
+    b = payload(TREE, 5, preds, nodes=range(1, 6), deep=[2])   # subtree of 5: 3 hits
+    d = decide([a, b], 4)
+    assert d.emitted == [5, 6, 9, 8] and d.node == 5 and d.deepest == [1, 2]
 
 
 def test_rank0_next_token_is_authoritative():
-    a = payload(5, [], [])
-    b = payload(6, [[6, 7, 8]], [[7, 8, 9]], first=0)    # disagrees with rank 0 on z*: no hit
-    d = decide([a, b], 3)
-    assert d.emitted == [5] and d.hits == 0
+    preds = [0, 6, 0, 9, 0, 8]
+    a = payload(TREE, 5, preds, nodes=range(0, 1))
+    b = payload(TREE, 4, preds, nodes=range(1, 6))     # disagrees with rank 0 on z*: no hit
+    d = decide([a, b], 4)
+    assert d.emitted == [5] and d.hits == 0 and d.node == -1

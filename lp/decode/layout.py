@@ -6,7 +6,9 @@ Roles:
   the last one is b_0 (the live token x_t). Every other row sees all of them.
 - BASE: b_j = levels[0][j-1], j >= 1, sees b_0..b_j.
 - DEEP: u_{r,j} = levels[r][j], r >= 1, sees b_0..b_j and u_{1,j}..u_{r,j}.
-- CAND: v_{c,s} = s-th token of candidate c, sees b_0 and v_{c,0}..v_{c,s}.
+- TREE: a node of the round's token tree (lp/decode/tree.py) at depth d,
+  position p + d; sees the committed rows and its ancestors, itself included.
+  A chain candidate v_{c,0}..v_{c,s} is the one-child-per-node case.
 Equal positions never imply visibility.
 """
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-ORDINARY, BASE, DEEP, CAND = range(4)
+from lp.decode.tree import EMPTY, TokenTree
+
+ORDINARY, BASE, DEEP, TREE = range(4)
 
 
 class Row(NamedTuple):
@@ -25,8 +29,9 @@ class Row(NamedTuple):
     pos: int
     level: int = 0   # window level (BASE: 0, DEEP: r)
     col: int = 0     # window column
-    cand: int = -1   # candidate index (CAND)
-    off: int = 0     # offset inside the candidate (CAND); index among ORDINARY rows
+    node: int = -1   # tree node index (TREE)
+    off: int = 0     # depth - 1 (TREE); index among ORDINARY rows
+    parent: int = -1  # row of the parent node (TREE; -1: a child of the root, x_t)
 
 
 @dataclass
@@ -35,7 +40,7 @@ class Round:
     rows: list[Row]
     last_ordinary: int                 # row index of b_0
     deep_rows: list[int]               # rows of the deepest filled level (in storage order)
-    cand_rows: list[list[int]]         # cand_rows[c][s] = row of v_{c,s}
+    node_rows: list[int]               # row of each tree node fed here, in node order
     logit_rows: list[int]              # sorted row indices whose logits are computed
 
     def __len__(self) -> int:
@@ -46,7 +51,8 @@ def build_round(
     ordinary: Sequence[int],
     position: int,
     levels: Sequence[Sequence[int]],
-    candidates: Sequence[Sequence[int]],
+    tree: TokenTree = EMPTY,
+    nodes: range | None = None,
     columns: range | None = None,
 ) -> Round:
     """Rows for one round.
@@ -54,8 +60,9 @@ def build_round(
     `ordinary` are the committed tokens not yet in the cache; the last is x_t at
     logical `position` p. `levels` is the Jacobi window (level 0 starts at column
     1). `columns` restricts the window cells computed here to a contiguous block
-    (LP sharding): a block ending at column e also feeds base cells b_1..b_{e-1},
-    because its rows attend to them. Candidates are (c, suffix) in global order.
+    and `nodes` the tree to a contiguous block of whole root subtrees (LP
+    sharding): a block ending at column e also feeds base cells b_1..b_{e-1},
+    because its rows attend to them.
     """
     k = len(ordinary)
     rows = [Row(ORDINARY, tok, position - k + 1 + i, off=i) for i, tok in enumerate(ordinary)]
@@ -78,21 +85,22 @@ def build_round(
                 deep_rows.append(len(rows))
             rows.append(Row(DEEP, levels[r][j], position + j + r, r, j))
 
-    cand_rows: list[list[int]] = []
-    for c, suffix in enumerate(candidates):
-        cand_rows.append([])
-        for s, tok in enumerate(suffix):
-            cand_rows[-1].append(len(rows))
-            rows.append(Row(CAND, tok, position + 1 + s, cand=c, off=s))
+    row_of: dict[int, int] = {}
+    for u in nodes if nodes is not None else range(len(tree)):
+        row_of[u] = len(rows)
+        parent = tree.parents[u]
+        rows.append(Row(TREE, tree.tokens[u], position + tree.depths[u], node=u, off=tree.depths[u] - 1,
+                        parent=row_of[parent] if parent >= 0 else -1))
+    node_rows = list(row_of.values())
 
-    logit_rows = sorted({last, *deep_rows, *(i for cr in cand_rows for i in cr)})
-    return Round(rows, last, deep_rows, cand_rows, logit_rows)
+    logit_rows = sorted({last, *deep_rows, *node_rows})
+    return Round(rows, last, deep_rows, node_rows, logit_rows)
 
 
 def visibility(rows: Sequence[Row]) -> torch.Tensor:
     """Boolean [Q, Q] matrix: entry (i, j) is True when row i attends to row j."""
-    t = torch.tensor([(r.role, r.level, r.col, r.cand, r.off) for r in rows], dtype=torch.long)
-    role, level, col, cand, off = t.unbind(1)
+    t = torch.tensor([(r.role, r.level, r.col, r.off, r.parent) for r in rows], dtype=torch.long)
+    role, level, col, off, parent = t.unbind(1)
     qi = lambda x: x[:, None]  # noqa: E731  (query side)
     kj = lambda x: x[None, :]  # noqa: E731  (key side)
     ordinary = role == ORDINARY
@@ -104,10 +112,24 @@ def visibility(rows: Sequence[Row]) -> torch.Tensor:
     sees_base = qi(window & ~ordinary) & kj(role == BASE) & (kj(col) <= qi(col))
     sees_deep = (qi(role == DEEP) & kj(role == DEEP) & (kj(col) == qi(col))
                  & (kj(level) <= qi(level)))
-    # candidate rows: own candidate's earlier offsets
-    is_cand = role == CAND
-    sees_cand = qi(is_cand) & kj(is_cand) & (kj(cand) == qi(cand)) & (kj(off) <= qi(off))
-    return sees_ordinary | sees_base | sees_deep | sees_cand
+    is_node = role == TREE
+    depth = int(off[is_node].max()) + 1 if bool(is_node.any()) else 0
+    return sees_ordinary | sees_base | sees_deep | ancestors(is_node, parent, depth)
+
+
+def ancestors(is_node: torch.Tensor, parent: torch.Tensor, depth: int) -> torch.Tensor:
+    """Boolean [Q, Q]: (i, j) when tree row j is row i itself or one of its ancestors;
+    `parent` holds each tree row's parent row (-1 below the root), `depth` bounds the
+    walk (the tree's depth), so the loop runs a known number of times."""
+    q = parent.numel()
+    rows = torch.arange(q, device=parent.device)
+    out = torch.zeros((q, q), dtype=torch.bool, device=parent.device)
+    cur = torch.where(is_node, rows, -1)
+    for _ in range(depth):
+        ok = cur >= 0
+        out[rows, cur.clamp(min=0)] |= ok
+        cur = torch.where(ok, parent[cur.clamp(min=0)], -1)
+    return out
 
 
 def pack(rnd: Round, past: int, dtype: torch.dtype, device: torch.device | str):

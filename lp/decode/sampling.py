@@ -2,19 +2,18 @@
 
 The target distribution of a row is transformers' own: logits -> temperature
 -> top-k -> top-p (the warpers `generate` uses, in its order), softmax in
-float64. Candidates are tested as one-hot proposals in candidate order: a
-proposal t is accepted with probability p(t); on rejection p(t) is set to 0
-and p renormalised (the residual); when every distinct proposal is
-rejected, the token is drawn from the residual. This is speculative
-sampling with one-hot drafts, so each emitted token is distributed exactly
-as plain sampling. After an accepted token only the candidates that carry it
-survive, and the next offset reads a surviving candidate's row (they share
-the prefix, so their rows agree). Candidates may differ in length: at each
-offset only the survivors that reach it propose. When no survivor reaches
-the next offset, its token is drawn from the last row.
+float64. The candidates form a token tree (lp/decode/tree.py). Starting at
+the root (the ordinary row's distribution p), a node's children are tested
+in child order as one-hot proposals: child c is accepted with probability
+p(g_c); on rejection p(g_c) is set to 0 and p renormalised (the residual);
+when every child is rejected, the token is drawn from the residual and the
+round ends. This is speculative sampling with one-hot drafts, so each
+emitted token is distributed exactly as plain sampling. After an
+acceptance the walk continues at the accepted child with its own row's
+distribution; a node without children draws the next token from its row.
 
-Random numbers are a pure function of (seed, request, round, offset, draw),
-never of which worker asks, so every LP rank makes the same offset-0
+Random numbers are a pure function of (seed, request, round, depth, draw),
+never of which worker asks, so every LP rank makes the same root-level
 decision and a seed gives the same output at every world size.
 """
 from __future__ import annotations
@@ -30,6 +29,8 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+from lp.decode.tree import TokenTree
 
 
 def warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
@@ -77,56 +78,47 @@ def try_proposals(p: torch.Tensor, proposals: Sequence[int], uniform: Callable[[
     return sample(p, uniform(len(proposals))), False
 
 
-def group_by_first_token(candidates: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """Stable regrouping: candidates sharing a first token become adjacent, groups in
-    order of first appearance. The verifier's outcome does not change (it tests
-    distinct first tokens in order of first appearance and keeps survivors' order)."""
-    order = {}
-    for c in candidates:
-        order.setdefault(c[0], len(order))
-    return sorted(candidates, key=lambda c: order[c[0]])   # sorted() is stable
-
-
-def group_starts(candidates: Sequence[tuple[int, ...]]) -> list[int]:
-    """Indices where a new first token starts, plus the end."""
-    return [i for i in range(len(candidates)) if i == 0 or candidates[i][0] != candidates[i - 1][0]] \
-        + [len(candidates)]
-
-
 class Sampled(NamedTuple):
-    emitted: list[int]     # hits accepted guess tokens, then one sampled token
+    emitted: list[int]     # hits accepted node tokens, then one sampled token
     hits: int
-    survivor: int          # index (in `candidates`) of a candidate carrying the accepted prefix, or -1
+    node: int              # the deepest accepted node, or -1
 
 
-def verify_sampling(
+def verify_tree_sampling(
     first: torch.Tensor,
-    candidates: Sequence[Sequence[int]],
-    row: Callable[[int, int], torch.Tensor],
+    tree: TokenTree,
+    row: Callable[[int], torch.Tensor],
     draws: Draws,
     round_: int,
-    owned: Callable[[int], bool] = lambda c: True,
+    owned: Callable[[int], bool] = lambda u: True,
 ) -> Sampled:
-    """Exact verification of `candidates` against the ordinary row's distribution
-    `first`; `row(c, s)` is the distribution of candidate c's row at offset s.
+    """Exact verification of `tree` against the ordinary row's distribution
+    `first`; `row(u)` is the distribution of node u's row.
 
-    Offset 0 only needs `first` and the candidates' first tokens, so every LP
-    rank can take it. Past offset 0 only candidates with `owned(c)` can be
-    followed (an LP rank holds the rows of its own candidates); if the
-    survivors are not owned here the round stops after the offset-0 token."""
-    alive = list(range(len(candidates)))
-    p, emitted, s = first, [], 0
+    The root's children need only `first` and their tokens, so every LP rank
+    takes that decision. Below it only nodes with `owned(u)` can be followed (an
+    LP rank holds the rows of its own subtrees); when the accepted child is not
+    owned here the round stops after its token (its owner continues)."""
+    kids = children_lists(tree)
+    p, emitted, node, depth = first, [], -1, 0
     while True:
-        # candidates may differ in length: only those that reach offset s propose there
-        proposals = list(dict.fromkeys(candidates[c][s] for c in alive if len(candidates[c]) > s))
-        token, accepted = try_proposals(p, proposals, lambda i: draws.uniform(round_, s, i))
+        options = kids.get(node, [])
+        token, accepted = try_proposals(p, [tree.tokens[u] for u in options],
+                                        lambda i: draws.uniform(round_, depth, i))
         emitted.append(token)
         if not accepted:
             break
-        alive = [c for c in alive if len(candidates[c]) > s and candidates[c][s] == token]
-        if not owned(alive[0]):
+        node = next(u for u in options if tree.tokens[u] == token)
+        if not owned(node):
             return Sampled(emitted, 0, -1)
-        p = row(alive[0], s)
-        s += 1
-    hits = len(emitted) - 1
-    return Sampled(emitted, hits, alive[0] if hits else -1)
+        p = row(node)
+        depth += 1
+    return Sampled(emitted, len(emitted) - 1, node)
+
+
+def children_lists(tree: TokenTree) -> dict[int, list[int]]:
+    """node (-1: the root) -> its children in child order (storage order)."""
+    out: dict[int, list[int]] = {}
+    for u, parent in enumerate(tree.parents):
+        out.setdefault(parent, []).append(u)
+    return out

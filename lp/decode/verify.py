@@ -1,9 +1,9 @@
-"""Greedy verification (DESIGN.md section 4) and the round decision (section 5).
+"""Greedy verification of a token tree (DESIGN.md section 8) and the round decision (section 5).
 
-Each worker verifies its own candidates on the device (`greedy_hits`) and
-packs a fixed-size payload; `decide` turns the gathered payloads of all
-workers into the round's outcome on the host. With one worker the same two
-functions run, so the single-worker engine is the P = 1 case of LP.
+Each worker verifies its own nodes on the device (`tree_verdict`) and packs a
+fixed-size payload; `decide` turns the gathered payloads of all workers into
+the round's outcome on the host. With one worker the same two functions run,
+so the single-worker engine is the P = 1 case of LP.
 """
 from __future__ import annotations
 
@@ -11,43 +11,61 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-HEADER = 4   # payload: z*, best hits, best global candidate index, deepest-output count
+from lp.decode.layout import ancestors
+from lp.decode.tree import TokenTree
+
+HEADER = 4   # payload: z*, best hits, deepest accepted node (global index), deepest-output count
 
 
-def padded(rows: Sequence[Sequence[int]], width: int, fill: int) -> torch.Tensor:
-    """[len(rows), width] int64 tensor of rows of different lengths, padded with `fill`."""
-    flat = [t for row in rows for t in (*row, *(fill,) * (width - len(row)))]
-    return torch.tensor(flat, dtype=torch.long).view(len(rows), width)
+def tree_tensors(tree: TokenTree, nodes: range, device) -> tuple[torch.Tensor, ...]:
+    """The nodes of `tree` in `nodes` (whole root subtrees) as device tensors: tokens,
+    parents (local indices, -1: the root), depths, and the ancestor-or-self matrix."""
+    first = nodes.start
+    parents = torch.tensor([tree.parents[u] - first if tree.parents[u] >= 0 else -1 for u in nodes],
+                           dtype=torch.long)
+    anc = ancestors(torch.ones(len(nodes), dtype=torch.bool), parents, tree.max_depth)
+    tokens = torch.tensor([tree.tokens[u] for u in nodes], dtype=torch.long)
+    depths = torch.tensor([tree.depths[u] for u in nodes], dtype=torch.long)
+    return tokens.to(device), parents.to(device), depths.to(device), anc.to(device)
 
 
-def greedy_hits(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
-    """Accepted guess tokens per candidate, [C].
+def tree_hits(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+              predictions: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """Whether each node is on the accepted path, [B] bool.
 
-    Candidate c matches a tokens when g_1 = z* (the ordinary row's argmax) and
-    g_{s+1} = predictions[c, s-1] for s < a; `predictions[c, s]` is the argmax of
-    candidate c's row at offset s. Candidates shorter than the tensor's width are
-    padded with -1, which matches no prediction."""
-    ok = torch.cat([guesses[:, :1] == next_token, guesses[:, 1:] == predictions[:, :-1]], dim=1)
-    return ok.long().cumprod(dim=1).sum(dim=1)
+    A node matches when its token is what its parent's row predicts (z*, the
+    ordinary row's argmax, for a child of the root); it is accepted when it and
+    all its ancestors match. `parents` are node indices (-1: the root),
+    `ancestors[i, j]` is True when j is i or an ancestor of i. Children carry
+    distinct tokens, so the accepted nodes form one path from the root."""
+    expected = torch.where(parents < 0, next_token, predictions[parents.clamp(min=0)])
+    match = tokens == expected
+    return ~(ancestors & ~match[None, :]).any(dim=1)
 
 
-def greedy_verdict(next_token: torch.Tensor, guesses: torch.Tensor, predictions: torch.Tensor,
-                   first_candidate: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head [z*, hits, global index], the best candidate's predictions [width]), on the device."""
-    if guesses.shape[0]:
-        hits = greedy_hits(next_token, guesses, predictions)
-        best = hits.argmax()                    # first maximum: ties go to the lowest index
-        return torch.stack([next_token, hits[best], best + first_candidate]), predictions[best]
-    zero = torch.zeros_like(next_token)
-    return torch.stack([next_token, zero, zero]), torch.zeros(guesses.shape[1], dtype=torch.long,
-                                                              device=next_token.device)
+def tree_verdict(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                 ancestors: torch.Tensor, predictions: torch.Tensor, first_node: int,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head [z*, hits, deepest accepted node's global index], the tokens emitted
+    after z* padded to `width`), on the device, without a host sync."""
+    device = next_token.device
+    if tokens.numel() == 0:
+        zero = torch.zeros_like(next_token)
+        return torch.stack([next_token, zero, zero]), torch.zeros(width, dtype=torch.long, device=device)
+    accepted = tree_hits(next_token, tokens, parents, predictions, ancestors)
+    reached = torch.where(accepted, depths, 0)
+    hits, best = reached.max(dim=0)
+    # the accepted path emits each node's prediction at its depth; others go to a spare slot
+    slot = torch.where(accepted, depths - 1, width)
+    after = torch.zeros(width + 1, dtype=torch.long, device=device).scatter_(0, slot, predictions)[:width]
+    return torch.stack([next_token, hits, best + first_node]), after
 
 
 def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
                  deep_slots: int) -> torch.Tensor:
-    """One worker's fixed-size int64 payload: [z, hits, global candidate index,
-    deepest count, `width` tokens emitted after z (the first `hits` are valid),
-    deepest outputs padded to `deep_slots`]."""
+    """One worker's fixed-size int64 payload: [z, hits, node index, deepest count,
+    `width` tokens emitted after z (the first `hits` are valid), deepest outputs
+    padded to `deep_slots`]."""
     device = deepest.device
     count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
     pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
@@ -55,9 +73,9 @@ def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch
 
 
 class Decision(NamedTuple):
-    emitted: list[int]      # z* then the winner's predictions: hits + 1 tokens
+    emitted: list[int]      # z* then the predictions along the accepted path: hits + 1 tokens
     hits: int
-    candidate: int          # global index of the winning candidate (-1: none)
+    node: int               # global index of the deepest accepted node (-1: none)
     deepest: list[int]      # deepest-level outputs of the whole window, in column order
 
 
@@ -65,7 +83,8 @@ def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
     """The round's outcome, identical on every worker.
 
     Rank 0's z* is authoritative (a worker whose z* differs counts as no hit);
-    the longest hit wins; ties go to the lowest global candidate index."""
+    the longest hit wins (root subtrees live on one rank each and start with
+    distinct tokens, so at most one rank hits); ties go to the lowest node index."""
     z = payloads[0][0]
     best = None
     for row in payloads:

@@ -169,24 +169,25 @@ def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, de
 def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int, device="cpu",
                    repeats: int = 50) -> float:
     """Median seconds of a round's device-side verification (lp.engine's path after the forward:
-    argmax of [rows, vocab] logits, indexing, greedy_verdict of `guesses` candidates, pack_payload,
+    argmax of [rows, vocab] logits, indexing, tree_verdict of a tree of `guesses` chains, pack_payload,
     decide on the payload read back), on synthetic logits."""
-    from lp.decode.verify import decide, greedy_verdict, pack_payload, padded
+    from lp.decode.tree import tree_of
+    from lp.decode.verify import decide, pack_payload, tree_tensors, tree_verdict
 
     device = torch.device(device)
     s, deep_slots = ngram - 1, window + ngram - 2
     rows = max(rows, 1 + guesses * s + window)
     logits = torch.randn(rows, vocab, device=device)
-    cand = [tuple(range(s)) for _ in range(guesses)]
-    cand_rows = [list(range(1 + c * s, 1 + (c + 1) * s)) for c in range(guesses)]
+    tree = tree_of([tuple(range(c * s, (c + 1) * s)) for c in range(guesses)])
+    node_rows = list(range(1, 1 + len(tree)))
     deep_rows = list(range(rows - window, rows))
     times = []
     for _ in range(repeats + 3):
         sync(device)
         t = time.perf_counter()
         predicted = logits.argmax(-1)
-        head, after = greedy_verdict(predicted[0], padded(cand, s, -1).to(device),
-                                     predicted[padded(cand_rows, s, 0).to(device)], 0)
+        head, after = tree_verdict(predicted[0], *tree_tensors(tree, range(len(tree)), device),
+                                   predicted[torch.tensor(node_rows, device=device)], first_node=0, width=s)
         deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
         payload = pack_payload(head, after, deep, deep_slots)
         decide(payload[None].tolist(), s)

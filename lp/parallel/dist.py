@@ -4,8 +4,8 @@
 worker (plain `python -m lp.run`) it does no communication at all; under
 torchrun it runs exactly two tensor collectives per round:
 
-- `share_candidates`: rank 0 broadcasts the round's candidates as one
-  fixed-size int64 tensor. It travels over a CPU (gloo) group, so ranks
+- `share_rows`: rank 0 broadcasts the round's token tree as one fixed-size
+  int64 tensor of (token, parent) arrays. It travels over a CPU (gloo) group, so ranks
   other than 0 read it without a device-to-host sync.
 - `all_gather`: one `all_gather_into_tensor` of every rank's fixed-size int64
   payload on the main group (NCCL on GPUs). Reading the result on the host is
@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,22 +35,25 @@ class Comm:
     collectives: int = 0        # step-loop collectives issued
     bytes_moved: int = 0        # bytes received by this rank in step-loop collectives
 
-    def share_candidates(self, candidates: list[tuple[int, ...]] | None,
-                         width: int, capacity: int) -> list[tuple[int, ...]]:
-        """Rank 0's candidate list (at most `capacity` candidates of at most `width`
-        tokens), on every rank."""
+    def share_rows(self, rows: Sequence[Sequence[int]] | None, capacity: int) -> Sequence[Sequence[int]]:
+        """Rank 0's equally long int rows (at most `capacity` values each; e.g. a token tree's
+        tokens and parents) on every rank: one broadcast of a fixed-size int64 tensor
+        [count, row 0 padded to capacity, row 1 ...]. The other ranks pass None and
+        `len(rows)` is fixed by the caller's protocol (2 for a tree)."""
         if self.world == 1:
-            return candidates
-        buf = torch.full((1 + capacity * width,), -1, dtype=torch.long)
+            return rows
+        k = 2 if rows is None else len(rows)
+        buf = torch.full((1 + k * capacity,), -1, dtype=torch.long)
         if self.rank == 0:
-            buf[0] = len(candidates)
-            flat = [t for c in candidates for t in (*c, *(-1,) * (width - len(c)))]  # -1 is never a token
-            buf[1:1 + len(flat)] = torch.tensor(flat, dtype=torch.long)
+            count = len(rows[0])
+            buf[0] = count
+            for i, row in enumerate(rows):
+                buf[1 + i * capacity:1 + i * capacity + count] = torch.tensor(row, dtype=torch.long)
         dist.broadcast(buf, 0, group=self.cpu_group)
         self._count(buf)
-        count = int(buf[0])
-        rows = buf[1:1 + count * width].view(count, width).tolist()
-        return [tuple(t for t in row if t >= 0) for row in rows]
+        values = buf.tolist()
+        count = values[0]
+        return [values[1 + i * capacity:1 + i * capacity + count] for i in range(k)]
 
     def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
         """[world, L] stack of every rank's [L] payload."""

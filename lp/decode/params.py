@@ -1,0 +1,113 @@
+"""The engine's parameters: config sections `lookahead` and `generation`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LookaheadParams:
+    """Config section `lookahead`: where a round's candidates come from and how many.
+
+    - the Jacobi window: W columns, N-gram size; G pool suffixes per round (and
+      per pool key), the pool optionally seeded from the prompt and output;
+    - up to `lookup_candidates` prompt/output lookup spans of up to
+      `lookup_tokens` tokens, matched on the last `lookup_ngram`..1 tokens;
+    - suffix drafts (`suffix_factor` > 0): the continuations of the longest
+      earlier match of the context in this request (prompt and output) and,
+      with `job_cache`, in the job's earlier completions; at most
+      min(`suffix_tokens`, factor x match length) nodes each, none scored
+      below `suffix_min_score`;
+    - all merged into one token tree of at most `tree_budget` nodes (0: no cut
+      beyond each source's own limit), the best-scoring nodes kept.
+    """
+    window: int = 15
+    ngram: int = 5
+    guesses: int = 15
+    pool_seeding: bool = True  # seed the pool from the prompt and the committed output
+    lookup_candidates: int = 0  # 0: no lookup candidates
+    lookup_tokens: int = 10
+    lookup_ngram: int = 3
+    suffix_factor: float = 0.0  # 0: no suffix drafts
+    suffix_tokens: int = 32
+    suffix_min_score: float = 0.0
+    job_cache: bool = False
+    tree_budget: int = 0
+
+    @property
+    def suffix(self) -> bool:
+        return self.suffix_factor > 0
+
+    @property
+    def capacity(self) -> int:
+        """Most tree nodes a round can verify (the size of the LP candidate broadcast)."""
+        most = (self.guesses * (self.ngram - 1) + self.lookup_candidates * self.lookup_tokens
+                + (self.suffix_tokens * (2 if self.job_cache else 1) if self.suffix else 0))
+        return min(most, self.tree_budget) if self.tree_budget else most
+
+    @property
+    def width(self) -> int:
+        """Deepest tree node a round can verify."""
+        deepest = max(self.ngram - 1 if self.guesses else 0, self.lookup_tokens if self.lookup_candidates else 0,
+                      self.suffix_tokens if self.suffix else 0, 1)
+        return min(deepest, self.capacity) if self.capacity else 1
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.window < 0:
+            out.append(f"lookahead.window: {self.window!r} must be >= 0 (0: no Jacobi window)")
+        for key in ("lookup_candidates", "lookup_tokens", "lookup_ngram", "suffix_tokens", "tree_budget"):
+            low = 1 if key in ("lookup_tokens", "lookup_ngram", "suffix_tokens") else 0
+            if getattr(self, key) < low:
+                out.append(f"lookahead.{key}: {getattr(self, key)!r} must be >= {low}"
+                           + (" (0: no cut)" if key == "tree_budget" else ""))
+        if self.suffix_factor < 0:
+            out.append(f"lookahead.suffix_factor: {self.suffix_factor!r} must be >= 0 (0: no suffix drafts)")
+        if not 0 <= self.suffix_min_score <= 1:
+            out.append(f"lookahead.suffix_min_score: {self.suffix_min_score!r} must be in [0, 1]")
+        if self.ngram < 3:
+            out.append(f"lookahead.ngram: {self.ngram!r} must be >= 3")
+        if self.guesses < 0:
+            out.append(f"lookahead.guesses: {self.guesses!r} must be >= 0")
+        return out
+
+
+@dataclass
+class GenerationParams:
+    """Config section `generation`."""
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    # how a job decodes: "lookahead" (this module) or "autoregressive" (transformers generate,
+    # lp.baseline); lookahead_generate itself ignores it
+    method: str = "lookahead"
+    temperature: float = 0.0   # 0: greedy; else sample (temperature, then top_k, then top_p, as generate)
+    top_k: int = 0             # 0: off
+    top_p: float = 1.0         # 1: off
+    seed: int = 0              # draws are a function of (seed, request, round, offset)
+
+    @property
+    def sampling(self) -> bool:
+        return self.temperature > 0
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.max_new_tokens < 1:
+            out.append(f"generation.max_new_tokens: {self.max_new_tokens!r} must be >= 1")
+        if self.method not in ("lookahead", "autoregressive"):
+            out.append(f"generation.method: {self.method!r} must be one of lookahead, autoregressive")
+        if self.temperature < 0:
+            out.append(f"generation.temperature: {self.temperature!r} must be >= 0 (0 is greedy)")
+        if self.top_k < 0:
+            out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
+        if not 0 < self.top_p <= 1:
+            out.append(f"generation.top_p: {self.top_p!r} must be in (0, 1] (1 is off)")
+        if self.seed < 0:
+            out.append(f"generation.seed: {self.seed!r} must be >= 0")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            out.append(f"generation.stop: {list(self.stop)!r} must be non-empty strings")
+        return out
+
+
+def check(*params) -> None:
+    problems = [p for ps in params for p in ps.problems()]
+    if problems:
+        raise ValueError("\n".join(problems))

@@ -1,0 +1,185 @@
+"""Suffix-match proposals: draft trees copied from earlier occurrences of the context.
+
+`SuffixIndex` remembers where every m-gram (m = 1..`max_ngram`) ends in a
+growing set of token sequences: one request's prompt and output, or every
+earlier completion of a job. `draft(context)` finds the longest suffix of the
+context that occurred before with something after it, for every match
+length L (extended past `max_ngram` token by token), gathers what followed
+each of those occurrences, and turns the continuations into a tree whose node
+score is the fraction of occurrences that continue through the node (a
+relative frequency; it never grows from parent to child). The tree's size
+adapts to the match: at most `factor * L` nodes (a long match is a confident
+one), never nodes whose score is below `min_score`; of the trees for the
+different L, the one with the largest expected gain (sum of score -
+min_score) wins.
+
+`spans(context, count, length, max_ngram)` is prompt/output lookup on the
+same index: the up to `count` distinct continuations of up to `length`
+tokens that followed the last m context tokens, longest m (<= max_ngram)
+first, most recent occurrence first; a continuation that equals or prefixes
+a kept one adds nothing and is dropped (the longer one keeps the slot).
+
+The drafts follow the idea of SuffixDecoding (Oliaro et al., arXiv 2411.04975) on a
+plain m-gram index instead of a suffix tree: appending a token costs
+O(max_ngram) dictionary updates, a draft looks at no more than `scan`
+occurrences (the most recent), so a round's cost stays bounded however long
+the job grows.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, NamedTuple, Sequence
+
+
+class Draft(NamedTuple):
+    """Nodes in parent-before-child order: (token, parent, score); parent -1 is the root."""
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    match: int          # L, the context tokens the draft is conditioned on
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+NO_DRAFT = Draft([], [], [], 0)
+
+
+class SuffixIndex:
+    """End positions of every m-gram, m = 1..max_ngram, of a set of growing sequences."""
+
+    def __init__(self, max_ngram: int = 8, scan: int = 64):
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+        self.scan = scan                         # most recent occurrences looked at per draft
+        self.seqs: list[list[int]] = []
+        self._ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}   # m-gram -> [(seq, end)]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.seqs)
+
+    def add(self, tokens: Iterable[int] = ()) -> int:
+        """Start a new sequence; returns its id."""
+        self.seqs.append([])
+        self.extend(len(self.seqs) - 1, tokens)
+        return len(self.seqs) - 1
+
+    def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
+        """Append tokens to sequence `seq_id`; O(max_ngram) per token."""
+        seq, ends = self.seqs[seq_id], self._ends
+        for t in tokens:
+            seq.append(int(t))
+            end = len(seq)
+            for m in range(1, min(self.max_ngram, end) + 1):
+                key = tuple(seq[end - m:end])
+                bucket = ends.get(key)
+                if bucket is None:
+                    ends[key] = [(seq_id, end)]
+                else:
+                    bucket.append((seq_id, end))
+
+    def matches(self, context: Sequence[int], max_match: int = 64) -> list[tuple[int, list[tuple[int, int]]]]:
+        """The match lengths L (1 <= L <= max_match) for which the last L context tokens
+        occurred with at least one token after them, with the (sequence, end) of those
+        occurrences, most recent first; L ascending. At most `scan` occurrences of each
+        m-gram are looked at. Past `max_ngram` the longest m-gram's occurrences are
+        extended token by token, and only the lengths at which one of them stops
+        matching are listed (a length in between has the same occurrences as the next
+        listed one and a smaller draft, so it never gives a better draft)."""
+        seqs, n, out = self.seqs, len(context), []
+        for m in range(1, min(self.max_ngram, n, max_match) + 1):
+            found = [(s, e) for s, e in reversed(self._ends.get(tuple(context[n - m:]), ())[-self.scan:])
+                     if e < len(seqs[s])]
+            if not found:
+                return out
+            out.append((m, found))
+        m, found = out[-1]
+        if m < self.max_ngram:
+            return out
+        lengths = []
+        for s, e in found:
+            seq, length = seqs[s], m
+            while (length < max_match and length < n and e - length > 0
+                   and seq[e - length - 1] == context[n - length - 1]):
+                length += 1
+            lengths.append(length)
+        for length in sorted(set(lengths) - {m}):
+            out.append((length, [o for o, k in zip(found, lengths) if k >= length]))
+        return out
+
+    def spans(self, context: Sequence[int], count: int, length: int, max_ngram: int) -> list[tuple[int, ...]]:
+        """Lookup candidates (see the module docstring)."""
+        out: list[tuple[int, ...]] = []
+        if count <= 0 or length <= 0:
+            return out
+        n = len(context)
+        for m in range(min(max_ngram, self.max_ngram, n), 0, -1):
+            for s, e in reversed(self._ends.get(tuple(context[n - m:]), ())[-self.scan - 1:]):
+                cont = tuple(self.seqs[s][e:e + length])
+                if cont:
+                    _add_span(out, cont, count)
+                    if len(out) == count:
+                        return out
+        return out
+
+    def draft(self, context: Sequence[int], max_nodes: int, factor: float = 1.0, min_score: float = 0.0,
+              max_match: int = 64) -> Draft:
+        """The best draft over all match lengths L: for each, the continuations of the
+        occurrences of the last L tokens as a tree of at most min(max_nodes, factor * L)
+        nodes (best scores first; ties: shallower, then the most recent occurrence),
+        without nodes scored below `min_score`; the draft with the largest sum of
+        (score - min_score) wins, the longer match on ties. `min_score` is the
+        acceptance probability below which a row costs more than it is expected to
+        return."""
+        best, gain = NO_DRAFT, 0.0
+        for match, found in reversed(self.matches(context, max_match)):
+            limit = min(max_nodes, math.floor(factor * match + 1e-9))
+            if limit * (1 - min_score) <= gain:
+                continue                 # even a full draft of sure nodes cannot win
+            d = self._continuations(found, match, limit, min_score)
+            g = sum(d.scores) - min_score * len(d)
+            if g > gain:
+                best, gain = d, g
+        return best
+
+    def _continuations(self, found: list[tuple[int, int]], match: int, limit: int, min_score: float) -> Draft:
+        """The count trie of what followed each occurrence, at most `limit` nodes kept."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        counts: list[int] = []
+        child: dict[tuple[int, int], int] = {}
+        for s, e in found:
+            seq, node = self.seqs[s], -1
+            for t in seq[e:e + limit]:
+                key = (node, t)
+                nxt = child.get(key)
+                if nxt is None:
+                    nxt = child[key] = len(tokens)
+                    tokens.append(t)
+                    parents.append(node)
+                    counts.append(0)
+                counts[nxt] += 1
+                node = nxt
+        total = len(found)
+        depth: list[int] = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        order = sorted(range(len(tokens)), key=lambda i: (-counts[i], depth[i], i))
+        keep = sorted(i for i in order[:limit] if counts[i] / total >= min_score)   # parents first
+        new = {old: k for k, old in enumerate(keep)}
+        return Draft([tokens[i] for i in keep], [new.get(parents[i], -1) for i in keep],
+                     [counts[i] / total for i in keep], match)
+
+
+def _add_span(out: list[tuple[int, ...]], cand: tuple[int, ...], limit: int) -> None:
+    """Add `cand` to `out` (kept free of duplicates and prefixes), in place."""
+    if any(kept[:len(cand)] == cand for kept in out):
+        return                # equal to or a prefix of a kept candidate
+    covered = [i for i, kept in enumerate(out) if cand[:len(kept)] == kept]
+    if covered:               # longer than kept candidates: it takes the first one's slot
+        out[covered[0]] = cand
+        for i in reversed(covered[1:]):
+            del out[i]
+    elif len(out) < limit:
+        out.append(cand)

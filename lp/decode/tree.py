@@ -1,0 +1,157 @@
+"""Token trees: every round's candidates merged into one trie (DESIGN.md section 8).
+
+The trie is rooted after the last committed token x_t (the root is not a row:
+it is the last ordinary row). Each node is one row: its token, its parent
+(-1 for a child of the root) and its depth (>= 1). Nodes are stored in
+preorder with every node's children in child order (score, then token id),
+so that
+
+- a node's parent always comes before it;
+- each subtree hanging from the root (all nodes sharing a first token) is a
+  contiguous block: the LP shard unit;
+- child order, which sampling verification follows, is the storage order.
+
+Scores are a proposer's estimate that a node will be accepted (a
+probability or a relative frequency). A path's scores never increase from
+parent to child, so keeping the `budget` best-scoring nodes always keeps
+their ancestors.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+
+class TokenTree(NamedTuple):
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]    # index of the parent node, -1: the root (x_t)
+    depths: tuple[int, ...]     # 1 for a child of the root
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def from_parents(cls, tokens: Sequence[int], parents: Sequence[int]) -> "TokenTree":
+        """A tree from preorder (token, parent) arrays (as they travel between LP ranks)."""
+        depths: list[int] = []
+        for p in parents:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        return cls(tuple(tokens), tuple(parents), tuple(depths))
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def units(self) -> tuple[int, ...]:
+        """Sizes of the subtrees hanging from the root, in storage order (LP shard units)."""
+        starts = [i for i, p in enumerate(self.parents) if p < 0] + [len(self)]
+        return tuple(b - a for a, b in zip(starts, starts[1:]))
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to `node` (inclusive)."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def children(self, node: int) -> list[int]:
+        """Children of `node` (-1: the root) in child order."""
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def chains(self) -> list[tuple[int, ...]]:
+        """Token sequences of the root-to-leaf paths (for tests and reports)."""
+        leaves = set(range(len(self))) - set(self.parents)
+        return [tuple(self.tokens[i] for i in self.path(leaf)) for leaf in sorted(leaves)]
+
+
+EMPTY = TokenTree((), (), ())
+
+
+class TreeBuilder:
+    """Collects scored token paths from any number of proposers into one trie.
+
+    `add(path, scores)` inserts a path below the root; a node reached by several
+    paths keeps its best score. Scores are clipped so they never increase
+    along a path. `build(budget)` keeps the best `budget` nodes (ties: shallower
+    first, then earlier insertion), always with their ancestors."""
+
+    def __init__(self):
+        self._tokens: list[int] = []
+        self._parents: list[int] = []
+        self._scores: list[float] = []
+        self._child: dict[tuple[int, int], int] = {}   # (parent, token) -> node
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def add(self, path: Sequence[int], scores: Sequence[float] | float = 1.0) -> None:
+        node, best = -1, float("inf")
+        for i, token in enumerate(path):
+            score = min(best, scores if isinstance(scores, (int, float)) else scores[i])
+            key = (node, int(token))
+            child = self._child.get(key)
+            if child is None:
+                child = self._child[key] = len(self._tokens)
+                self._tokens.append(int(token))
+                self._parents.append(node)
+                self._scores.append(score)
+            elif score > self._scores[child]:
+                self._scores[child] = score
+            node, best = child, score
+
+    def add_tree(self, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float]) -> None:
+        """Insert a scored tree given as parent-before-child arrays (parent -1: the root)."""
+        mapped: list[int] = []
+        for token, parent, score in zip(tokens, parents, scores):
+            node = -1 if parent < 0 else mapped[parent]
+            score = score if node < 0 else min(score, self._scores[node])
+            key = (node, int(token))
+            child = self._child.get(key)
+            if child is None:
+                child = self._child[key] = len(self._tokens)
+                self._tokens.append(int(token))
+                self._parents.append(node)
+                self._scores.append(score)
+            elif score > self._scores[child]:
+                self._scores[child] = score
+            mapped.append(child)
+
+    def build(self, budget: int | None = None) -> TokenTree:
+        n = len(self._tokens)
+        depth = [0] * n
+        for i, p in enumerate(self._parents):   # parents are inserted before children
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        keep = sorted(range(n), key=lambda i: (-self._scores[i], depth[i], i))
+        if budget is not None:
+            keep = keep[:max(budget, 0)]
+        kept = set(keep)
+        kept = {i for i in kept if all(a in kept for a in self._ancestors(i))}
+        children: dict[int, list[int]] = {}
+        for i in sorted(kept):
+            children.setdefault(self._parents[i], []).append(i)
+        order: list[int] = []
+        stack = [-1]
+        while stack:                            # preorder, children by (score, token)
+            node = stack.pop()
+            if node >= 0:
+                order.append(node)
+            kids = sorted(children.get(node, ()), key=lambda i: (-self._scores[i], self._tokens[i]))
+            stack.extend(reversed(kids))
+        index = {old: new for new, old in enumerate(order)}
+        return TokenTree(tuple(self._tokens[i] for i in order),
+                         tuple(index.get(self._parents[i], -1) for i in order),
+                         tuple(depth[i] for i in order))
+
+    def _ancestors(self, node: int):
+        node = self._parents[node]
+        while node >= 0:
+            yield node
+            node = self._parents[node]
+
+
+def tree_of(paths: Sequence[Sequence[int]], budget: int | None = None) -> TokenTree:
+    """The trie of `paths`, earlier paths first among equals (all scores equal)."""
+    builder = TreeBuilder()
+    for path in paths:
+        builder.add(path)
+    return builder.build(budget)
