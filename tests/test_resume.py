@@ -164,3 +164,38 @@ def test_append_never_duplicates(tmp_path):
     finally:
         job.close()
     assert lines_of(Path(cfg.output.dir) / "results.jsonl") == ['{"task_id": "t0", "finish_reason": "error"}']
+
+
+def test_job_cache_is_rebuilt_in_task_order_on_resume(tmp_path):
+    """With lookahead.job_cache a prompt drafts from the completions of the tasks before it;
+    a resumed job rebuilds that index from results.jsonl in task order, so every prompt
+    takes the forwards and per-round counts of the uninterrupted run. t2 and t4 repeat
+    earlier prompts: they draft their whole completion from t0's and t1's."""
+    data = tmp_path / "prompts.jsonl"
+    texts = ["abcabcxyz", "qrsqrs", "abcabcxyz", "mnomno", "qrsqrs", "zzyzzy"]
+    data.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
+        "lookahead": {"window": 0, "ngram": 3, "guesses": 0, "lookup_candidates": 0, "suffix_factor": 4,
+                      "suffix_tokens": 24, "job_cache": True},
+        "generation": {"max_new_tokens": 24},
+        "data": {"source": "jsonl", "path": str(data), "limit": None},
+        "output": {"dir": str(tmp_path / "whole")},
+    }))
+    run(config)
+    whole = [json.loads(line) for line in lines_of(tmp_path / "whole" / "results.jsonl")]
+    run(config, "--set", f"output.dir={tmp_path / 'nocache'}", "--set", "lookahead.job_cache=false")
+    nocache = [json.loads(line) for line in lines_of(tmp_path / "nocache" / "results.jsonl")]
+    assert [r["token_ids"] for r in whole] == [r["token_ids"] for r in nocache]
+    assert whole[2]["forwards"] < nocache[2]["forwards"] and whole[4]["forwards"] < nocache[4]["forwards"]
+
+    out = tmp_path / "out"          # an interrupted run: the first two records, then a resume
+    out.mkdir()
+    (out / "config.yaml").write_text(load_config(config, [f"output.dir={out}"]).to_yaml())
+    (out / "results.jsonl").write_text("".join(line + "\n" for line in lines_of(tmp_path / "whole" / "results.jsonl")[:2]))
+    run(config, "--set", f"output.dir={out}")
+    resumed = [json.loads(line) for line in lines_of(out / "results.jsonl")]
+    for a, b in zip(resumed, whole):
+        assert (a["task_id"], a["forwards"], a["emitted_per_round"]) == (b["task_id"], b["forwards"],
+                                                                         b["emitted_per_round"])

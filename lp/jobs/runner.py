@@ -28,6 +28,8 @@ import time
 from typing import Any
 
 from lp.baseline import autoregressive_generate
+from lp.decode.propose import job_cache
+from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.config import JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts
@@ -97,9 +99,14 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
 
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
           progress: bool) -> None:
-    """Rank 0: decode (and share) every prompt without a record, append each record."""
+    """Rank 0: decode (and share) every prompt without a record, append each record.
+
+    With `lookahead.job_cache` rank 0 grows the job-wide index of completions in task
+    order: a prompt that already has a record adds its recorded ids when its turn
+    comes, so a resumed job drafts from exactly what an uninterrupted one would."""
     index = {p.task_id: i for i, p in enumerate(prompts, start=cfg.data.offset)}
     todo = [p for p in prompts if p.task_id not in job.records]
+    corpus = job_cache(cfg.lookahead) if cfg.generation.method == "lookahead" else None
     if job.kept:
         logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
                     len(prompts), len(todo))
@@ -107,7 +114,11 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     bar = Progress(len(prompts), len(prompts) - len(todo), enabled=progress)
     shared = 0  # prompts sent to the other ranks (they count the same)
     try:
-        for prompt in todo:
+        for prompt in prompts:
+            if prompt.task_id in job.records:
+                if corpus is not None and job.records[prompt.task_id]["token_ids"]:
+                    corpus.add(job.records[prompt.task_id]["token_ids"])
+                continue
             ids, error = encode_prompt(prompt, loaded, cfg, limit)
             if error is not None:
                 job.append(error_record(prompt, error, ids, cfg.generation.method))
@@ -115,8 +126,10 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                 bar.advance()
                 continue
             comm.share_ids([index[prompt.task_id], *ids])
-            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared)
+            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared, corpus)
             shared += 1
+            if corpus is not None and result.token_ids:
+                corpus.add(result.token_ids)
             record = result_record(prompt, ids, result, cfg.generation.method, base)
             job.append(record)
             bar.advance(result)
@@ -141,16 +154,17 @@ def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
 
 
 def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
-           shared: int) -> tuple[GenerationResult, GenerationResult | None]:
+           shared: int, corpus: SuffixIndex | None = None) -> tuple[GenerationResult, GenerationResult | None]:
     """The job's decode of one prompt, and the baseline's when enabled. The baseline goes first on
-    every other prompt, so warm-up and load drift do not favour either side."""
+    every other prompt, so warm-up and load drift do not favour either side. `corpus` is the
+    job-wide index of earlier completions (rank 0 only)."""
     def main() -> GenerationResult:
         if cfg.generation.method == "autoregressive":
             return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
                                            tokenizer=loaded.tokenizer, request=request)
         return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
                                   eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
-                                  request=request)
+                                  request=request, corpus=corpus)
 
     def baseline() -> GenerationResult:
         return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
