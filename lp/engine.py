@@ -21,15 +21,17 @@ from typing import Sequence
 
 import torch
 
-from lp.decode.kv_cache import cache_length, crop, forward_logits, new_cache, publish
-from lp.decode.layout import build_round, pack
+from lp.decode.device import Uploader, uniforms
+from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, forward_logits, publish, round_cache
+from lp.decode.layout import bucket, build_round, descriptors, round_mask
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.propose import Proposer
-from lp.decode.sampling import Draws, distribution, verify_tree_sampling, warpers
+from lp.decode.sampling import (Draws, children_lists, distribution, tree_sampling_verdict, verify_tree_sampling,
+                                warpers)
 from lp.decode.stopping import StopChecker
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import TokenTree
-from lp.decode.verify import decide, pack_payload, tree_tensors, tree_verdict
+from lp.decode.verify import decide, pack_payload, path_verdict, tree_verdict
 from lp.decode.window import JacobiWindow
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
@@ -78,13 +80,25 @@ def lookahead_generate(
     comm: Comm | None = None,
     request: str | int = 0,
     corpus: SuffixIndex | None = None,
+    compile_mode: str = "off",
+    sampling_on_device: bool | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
     draws). With a multi-worker `comm` every rank calls this with the same
     arguments; rank 0 alone proposes candidates (and reads `corpus`, the job's
-    index of earlier completions, when `lookahead.job_cache` is on)."""
+    index of earlier completions, when `lookahead.job_cache` is on).
+
+    A round is one upload (the rows' descriptors and what verification needs),
+    device work only (mask, forward, verification, payload, publication of the
+    accepted K/V) and one read of the gathered payload. `compile_mode` (off,
+    default, reduce-overhead) runs the forward through torch.compile on rounds
+    padded to a few fixed sizes. Sampling walks the tree on the device
+    (`sampling_on_device`, the default except on a CPU, where reading rows
+    lazily costs no sync and warps only the rows the walk visits)."""
     check(lookahead, generation)
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode {compile_mode!r} must be one of {', '.join(COMPILE_MODES)}")
     comm = comm or Comm()
     prompt = [int(t) for t in input_ids]
     if not prompt:
@@ -93,14 +107,20 @@ def lookahead_generate(
     width, capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
     deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
     device = next(model.parameters()).device
+    compiled = compiled_forward(model, compile_mode)
+    fit = bucket if compiled is not None else (lambda q: q)
+    on_device = device.type != "cpu" if sampling_on_device is None else sampling_on_device
 
     proposer = Proposer(lookahead, prompt, corpus) if comm.rank == 0 else None
     window = JacobiWindow.seeded(n, w, window_seed(prompt, w + n - 3)) if w else None
     levels = window.levels if window is not None else []
     stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
-    cache = new_cache(model)
+    bound = round_rows_bound(lookahead, width)     # slots a round may write past the committed ones
+    cache = round_cache(model, max(fit(len(prompt) + bound), len(prompt) + generation.max_new_tokens + fit(bound)))
+    uploader = Uploader(device)
     tokens = list(prompt)        # committed: prompt + output
     ordinary = list(prompt)      # committed but not yet in the cache
+    cached = 0                   # cache slots holding committed tokens
     warp = warpers(generation.temperature, generation.top_k, generation.top_p) if generation.sampling else None
     draws = Draws(generation.seed, request)
     result = GenerationResult([], None, "", 0)
@@ -110,7 +130,6 @@ def lookahead_generate(
     while stopper.reason is None:
         round_start = time.perf_counter()
         x_t = tokens[-1]
-        past = cache_length(cache)
         tree = proposer.tree() if proposer else None       # rank 0 proposes, the others receive
         shared = comm.share_rows((tree.tokens, tree.parents) if tree is not None else None, capacity)
         tree = tree if tree is not None else TokenTree.from_parents(*shared)
@@ -120,26 +139,47 @@ def lookahead_generate(
         starts = list(accumulate(tree.units(), initial=0))     # whole root subtrees per rank
         nodes = range(starts[mine.subtrees.start], starts[mine.subtrees.stop])
         rnd = build_round(ordinary, len(tokens) - 1, levels, tree, nodes, columns=mine.columns)
-        ids, pos, mask, keep = pack(rnd, past, model.dtype, device)
+        q, keep = fit(len(rnd)), rnd.logit_rows
+        sections = descriptors(rnd, q)
+        sections["keep"] = keep + keep[-1:] * ((q if compiled else len(keep)) - len(keep))   # one shape: Q
+        if warp is not None and on_device:
+            sections.update(sampling_tables(tree, nodes, draws, result.forwards))
+        first_row, deep = (rnd.node_rows[0] if nodes else len(rnd)), len(rnd.deep_rows)
 
-        forward_start = time.perf_counter()
-        logits = forward_logits(model, ids, pos, mask, cache, keep)
+        forward_start = time.perf_counter()      # from here on: the upload, device work, one read
+        dev = uploader.send(sections)
+        mask = round_mask(dev, cached, cache.length, tree.max_depth, model.dtype)
+        slots = torch.arange(cached, cached + q, device=device)
+        logits = forward_logits(model, dev["ids"][None], dev["pos"][None], mask, cache, dev["keep"], slots,
+                                compiled)[:len(keep)]
         predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
-        at = {row: k for k, row in enumerate(rnd.logit_rows)}
+        node_tensors = _node_tensors(dev, mask[0, 0, :, cached:], first_row, len(nodes))
         if warp is None:
-            head, after = tree_verdict(predicted[at[rnd.last_ordinary]], *tree_tensors(tree, nodes, device),
-                                       predicted[torch.tensor([at[r] for r in rnd.node_rows], dtype=torch.long,
-                                                              device=device)], first_node=nodes.start, width=width)
+            head, after, path = tree_verdict(predicted[0], *node_tensors, predicted[1 + deep:],
+                                             first_node=nodes.start, width=width)
+        elif on_device:
+            _, parents, depths, anc = node_tensors
+            token, accepted, emitted = tree_sampling_verdict(
+                distribution(torch.cat([logits[:1], logits[1 + deep:]]), warp), dev["child_tokens"].view(
+                    1 + len(nodes), -1), dev["child_local"].view(1 + len(nodes), -1), dev["child_count"],
+                depths, parents, anc, uniforms(dev["draws"]).view(tree.max_depth + 1, -1))
+            head, after, path = path_verdict(token, accepted, depths, emitted, nodes.start, width)
         else:
             sampled = verify_tree_sampling(
-                distribution(logits[at[rnd.last_ordinary]], warp), tree,
-                lambda u: distribution(logits[at[rnd.node_rows[u - nodes.start]]], warp),
+                distribution(logits[0], warp), tree,
+                lambda u: distribution(logits[1 + deep + u - nodes.start], warp),
                 draws, result.forwards, owned=lambda u: u in nodes)
             head = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node])
             after = torch.tensor((sampled.emitted[1:] + [0] * width)[:width])
-        deep = predicted[torch.tensor([at[r] for r in rnd.deep_rows], dtype=torch.long, device=device)]
-        payload = pack_payload(head, after, deep, deep_slots)
-        decision = decide(comm.all_gather(payload).tolist(), width)   # the round's one sync
+            path = torch.tensor(([u - nodes.start for u in tree.path(sampled.node)] + [0] * width)[:width]) \
+                if sampled.hits else torch.zeros(width, dtype=torch.long)
+        payload = pack_payload(head, after, predicted[1:1 + deep], deep_slots)
+        frontier = cached + len(ordinary)
+        if comm.world == 1 and len(nodes):       # the accepted path's K/V to the frontier, on the device
+            step = torch.arange(width, device=device)
+            dst = frontier + step
+            publish(cache, torch.where(step < head[1], cached + first_row + path, dst), dst)
+        decision = decide(comm.all_gather(payload).tolist(), width)   # the round's one read
         forward_seconds = time.perf_counter() - forward_start
 
         ngrams = []
@@ -155,12 +195,11 @@ def lookahead_generate(
         tokens += emitted
         if proposer is not None:
             proposer.commit(emitted, ngrams)
-        if comm.world == 1:      # publish the accepted rows' K/V; the last token is next round's row
-            accepted = [past + rnd.node_rows[u - nodes.start] for u in tree.path(decision.node)] if decision.hits else []
-            publish(cache, past + len(ordinary), accepted)
+        if comm.world == 1:      # the accepted rows' K/V were published; the last token is next round's row
+            cached = frontier + decision.hits
             ordinary = decision.emitted[-1:]
         else:                    # re-feed: the accepted rows live on one rank only
-            crop(cache, past + len(ordinary))
+            cached = frontier
             ordinary = list(decision.emitted)
 
         result.forwards += 1
@@ -176,3 +215,38 @@ def lookahead_generate(
     result.collectives = comm.collectives - collectives
     result.bytes_moved = comm.bytes_moved - bytes_moved
     return result
+
+
+def round_rows_bound(params: LookaheadParams, width: int) -> int:
+    """Most rows a decoding round can feed on one rank: re-fed ordinary rows, the widest
+    window (its first warmup round) and the whole tree."""
+    w, n = params.window, params.ngram
+    window = (w + n - 2) * (n - 2) + (w + n - 3) if w else 0
+    return width + 1 + window + params.capacity
+
+
+def _node_tensors(dev: dict[str, torch.Tensor], block: torch.Tensor, first_row: int, count: int):
+    """This rank's tree nodes from the uploaded rows: tokens, parents (local indices, -1: the
+    root), depths and the ancestor-or-self matrix (read off the round's mask `block`: a node
+    sees exactly its ancestors and itself among the nodes), all on the device."""
+    rows = slice(first_row, first_row + count)
+    parent = dev["parent"][rows]
+    parents = torch.where(parent >= 0, parent - first_row, -1)
+    return dev["ids"][rows], parents, dev["off"][rows] + 1, block[rows, rows] == 0
+
+
+def sampling_tables(tree: TokenTree, nodes: range, draws: Draws, round_: int) -> dict[str, list[int]]:
+    """What the device walk needs beside the rows: each row's children (root first, then this
+    rank's nodes) as tokens and local indices in child order, their counts, and the round's
+    draws by (depth, index) for every depth the tree has."""
+    kids = children_lists(tree)
+    rows = [-1, *nodes]
+    most = max((len(kids.get(r, ())) for r in rows), default=0)
+    tokens, local = [], []
+    for r in rows:
+        mine = kids.get(r, [])
+        tokens += [tree.tokens[u] for u in mine] + [-1] * (most - len(mine))
+        local += [u - nodes.start if u in nodes else -1 for u in mine] + [-1] * (most - len(mine))
+    return {"child_tokens": tokens, "child_local": local,
+            "child_count": [len(kids.get(r, ())) for r in rows],
+            "draws": draws.table(round_, tree.max_depth + 1, most + 1)}

@@ -11,11 +11,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lp.decode.device import Uploader
 from lp.decode.propose import SUFFIX_NGRAM
 from lp.decode.suffix import SuffixIndex
 from lp.parallel.dist import init_distributed, shutdown
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
+from sync_count import HostWaits, ours
 
 COLLECTIVES = [
     "broadcast", "all_gather_into_tensor", "all_gather_single", "all_gather", "all_reduce", "reduce", "gather", "scatter",
@@ -54,22 +56,37 @@ def corpus(case):
     return index
 
 
+def count_uploads():
+    """Wrap Uploader.send (one host-to-device copy each) so each call is counted."""
+    send = Uploader.send
+
+    def counted(self, sections):
+        calls["upload"] += 1
+        return send(self, sections)
+    Uploader.send = counted
+
+
 def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     comm = init_distributed("gloo", timeout_s=60)
     model = tiny_random_llama(**spec["model"]).model.double()
     count_collectives()
+    count_uploads()
     results = []
     for case in spec["cases"]:
         before = Counter(calls)
         gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
-        r = lookahead_generate(model, case["prompt"], params(case), gen,
-                               eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0),
-                               corpus=corpus(case))
+        with HostWaits() as waits:
+            r = lookahead_generate(model, case["prompt"], params(case), gen,
+                                   eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0),
+                                   corpus=corpus(case), sampling_on_device=case.get("on_device"))
+        done = calls - before
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
-                            forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,
-                            bytes=r.bytes_moved, rows=r.rows_per_round, max_rows=r.max_rows_per_round))
+                            forwards=r.forwards, calls={k: v for k, v in done.items() if k != "upload"},
+                            uploads=done["upload"], reads=dict(waits.reads), our_copies=ours(waits.uploads),
+                            collectives=r.collectives, bytes=r.bytes_moved, rows=r.rows_per_round,
+                            max_rows=r.max_rows_per_round))
     Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(dict(world=comm.world, results=results)))
     shutdown()
 

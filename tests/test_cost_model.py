@@ -48,10 +48,26 @@ def test_projection_formula():
 
 
 def test_forward_curve_measures_every_row_count(tiny_model64):
-    for masked in (False, True):
-        curve = cm.forward_curve(tiny_model64, prefix=8, rows_list=[1, 4, 16], repeats=1, device="cpu",
-                                 masked=masked)
-        assert [p["rows"] for p in curve] == [1, 4, 16] and all(p["seconds"] > 0 for p in curve)
+    curve = cm.forward_curve(tiny_model64, prefix=8, rows_list=[1, 4, 16], repeats=1)
+    assert [p["rows"] for p in curve] == [1, 4, 16] and all(p["seconds"] > 0 for p in curve)
+
+
+def test_round_forward_is_the_engines_forward(tiny_model64):
+    """The measured forward is the engine's (forward_logits on a round cache): a prefix round, then the round."""
+    from lp.decode import kv_cache
+
+    seen = []
+    original = kv_cache.forward_logits
+
+    def spy(*args, **kwargs):
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+    kv_cache.forward_logits = spy
+    try:
+        cm.round_forward(tiny_model64, prefix=5, rows=3)()
+    finally:
+        kv_cache.forward_logits = original
+    assert len(seen) == 2 and seen[-1].shape[0] == 3          # the prefix, then the measured round
 
 
 def test_bare_collective_latency():

@@ -3,8 +3,9 @@ packed forward against separate causal forwards (the oracle)."""
 import pytest
 import torch
 
-from lp.decode.kv_cache import forward, forward_logits, new_cache
-from lp.decode.layout import BASE, DEEP, ORDINARY, build_round, pack, visibility
+from lp.decode.device import Uploader
+from lp.decode.kv_cache import RoundCache, forward_logits
+from lp.decode.layout import BASE, DEEP, ORDINARY, PAD, bucket, build_round, descriptors, round_mask, visibility
 from lp.decode.tree import tree_of
 
 
@@ -116,7 +117,18 @@ def branch_tokens(rnd, row_index, vis):
     return [r.token for r in seen], positions[0]
 
 
+def packed_logits(model, rnd, prompt, past, cache, pad_to=None):
+    """The engine's path: descriptors -> one upload -> mask on the device -> static-cache forward."""
+    q = pad_to or len(rnd)
+    dev = Uploader("cpu").send({**descriptors(rnd, q), "keep": rnd.logit_rows})
+    depth = max((r.off + 1 for r in rnd.rows if r.role not in (ORDINARY, BASE, DEEP)), default=0)
+    mask = round_mask(dev, past, cache.length, depth, model.dtype)
+    return forward_logits(model, dev["ids"][None], dev["pos"][None], mask, cache, dev["keep"],
+                          torch.arange(past, past + q))
+
+
 @pytest.mark.parametrize("prefilled", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("levels,cands", [
     (LEVELS_N4_W3, [(41, 42, 43), (51, 52, 53)]),           # steady state, N=4 W=3, 2 chains
     (LEVELS_N4_W3, [(41, 42, 43), (41, 44), (41, 42, 45), (51,)]),   # a tree branching below the root
@@ -124,25 +136,41 @@ def branch_tokens(rnd, row_index, vis):
     ([[11, 12, 13], [21, 22, 23, 24]], []),                 # second warmup round
     ([], [(41, 42, 43), (41, 44, 46), (47,)]),              # no window at all
 ])
-def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, levels, cands):
+def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, padded, levels, cands):
+    """Every logit row of a packed round (static cache, mask from the uploaded descriptors,
+    optionally padded to a compiled round's size) equals a causal forward of its branch."""
     model = tiny_model64
     vocab = model.config.vocab_size
     prompt = [3, 5, 7, 9, 11, 13, 2, 4]
     levels = [[t % vocab for t in lv] for lv in levels]
     cands = tree_of([tuple(t % vocab for t in c) for c in cands])
-    cache = new_cache(model)
-    if prefilled:   # cache holds prompt[:-1]; the round has one ordinary row
-        forward(model, cache, input_ids=torch.tensor([prompt[:-1]]))
+    cache = RoundCache(model, 64)
+    if prefilled:   # the cache holds prompt[:-1]; the round has one ordinary row
+        pre = build_round(prompt[:-1], len(prompt) - 2, [])
+        packed_logits(model, pre, prompt, 0, cache)
         ordinary = prompt[-1:]
     else:           # prefill round: the whole prompt is ordinary rows
         ordinary = prompt
     past = len(prompt) - len(ordinary)
     rnd = build_round(ordinary, len(prompt) - 1, levels, cands)
-    ids, pos, mask, keep = pack(rnd, past, model.dtype, "cpu")
-    logits = forward_logits(model, ids, pos, mask, cache, keep)
+    logits = packed_logits(model, rnd, prompt, past, cache, bucket(len(rnd) + 1) if padded else None)
     vis = visibility(rnd.rows)
     for k, i in enumerate(rnd.logit_rows):
         tokens, first_pos = branch_tokens(rnd, i, vis)
         assert first_pos == past   # every branch starts right after the cached prefix
         ref = causal_last_logits(model, prompt[:past] + tokens)
         assert (logits[k] - ref).abs().max().item() < 1e-9, name(rnd.rows[i])
+
+
+def test_padding_rows_see_only_themselves():
+    rnd = build_round([7, 8, 9], 20, LEVELS_N4_W3, CANDS)
+    d = descriptors(rnd, len(rnd) + 3)
+    assert d["role"][-3:] == [PAD] * 3 and d["ids"][:len(rnd)] == [r.token for r in rnd.rows]
+    t = {k: torch.tensor(v) for k, v in d.items()}
+    mask = round_mask(t, 5, 64, 3, torch.float64)[0, 0]
+    q = len(rnd)
+    seen = mask == 0
+    for i in range(q, q + 3):
+        assert seen[i].nonzero().flatten().tolist() == [5 + i]      # its own slot, nothing else
+    assert seen[:q, :5].all() and not seen[:, 5 + q + 3:].any()      # real rows see the committed prefix
+    assert (seen[:q, 5:5 + q] == visibility(rnd.rows)).all() and not seen[:q, 5 + q:5 + q + 3].any()

@@ -121,26 +121,30 @@ def test_world_sizes_match_single_worker(nproc, cases_and_reference, tmp_path):
             assert got["emitted"] == ref.emitted_per_round, (nproc, case)
             assert got["finish"] == ref.finish_reason
         accepted_multi += sum(e > 1 for e in ref.emitted_per_round)
-        if nproc > 1:   # the work really is split: no rank feeds the single worker's rows
-            got = ranks[0]["results"][i]
-            assert max(got["max_rows"]) <= max(ref.rows_per_round)
     assert accepted_multi > 20
     assert any(max(ref.emitted_per_round) > case["n"] for case, ref in zip(cases, reference) if "lookup" in case)
 
 
 def test_collectives_per_round(cases_and_reference, tmp_path):
     """Exactly one broadcast and one all_gather_into_tensor (all_gather_single since
-    torch 2.13) per round, nothing else,
-    and the same fixed payload size every round."""
+    torch 2.13) per round, nothing else, and the same fixed payload size every round;
+    one upload per round and the host waits for the device once per round (the gathered
+    payload): rank 1 also reads the broadcast tree, a CPU tensor of the gloo group."""
     cases, _ = cases_and_reference
-    ranks = torchrun(2, {"model": MODEL, "cases": cases[:8]}, tmp_path)
-    for rank in ranks:
-        for got in rank["results"]:
+    sampled = [dict(c, sampling={"temperature": 0.8, "seed": 1}, on_device=True, request=i)
+               for i, c in enumerate(cases[:8] + cases[-4:])]
+    ranks = torchrun(2, {"model": MODEL, "cases": cases[:8] + cases[-4:] + sampled}, tmp_path)
+    for rank, got_all in enumerate(r["results"] for r in ranks):
+        for got in got_all:
             rounds = got["forwards"]
             gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
             assert got["calls"] == {"broadcast": rounds, gather: rounds}
             assert got["collectives"] == 2 * rounds
             assert got["bytes"] % rounds == 0     # fixed shapes: the same bytes every round
+            assert got["uploads"] == rounds and got["our_copies"] == 0
+            reads = {site.split(":")[0]: n for site, n in got["reads"].items()}
+            assert reads == ({"lp/engine.py": rounds} if rank == 0 else
+                             {"lp/engine.py": rounds, "lp/parallel/dist.py": rounds}), got["reads"]
 
 
 def test_sampling_two_workers_match_one(tmp_path):

@@ -20,8 +20,10 @@ def walk(tree, z, predictions):
 
 def verdict(tree, z, predictions, nodes=None, width=4):
     nodes = nodes if nodes is not None else range(len(tree))
-    head, after = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([predictions[u] for u in nodes]),
-                               first_node=nodes.start, width=width)
+    head, after, path = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([predictions[u] for u in nodes]),
+                                     first_node=nodes.start, width=width)
+    if head[1] > 0:     # the path, by depth, is the deepest node's path from the root
+        assert [u + nodes.start for u in path[:head[1]].tolist()] == tree.path(int(head[2]))
     return head.tolist(), after.tolist()
 
 
@@ -65,8 +67,8 @@ def test_no_match_and_empty_tree_emit_only_z():
 
 def payload(tree, z, preds, nodes=None, deep=(), width=4, slots=4):
     nodes = nodes if nodes is not None else range(len(tree))
-    head, after = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([preds[u] for u in nodes]),
-                               first_node=nodes.start, width=width)
+    head, after, _ = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([preds[u] for u in nodes]),
+                                  first_node=nodes.start, width=width)
     return pack_payload(head, after, T(list(deep)), slots).tolist()
 
 

@@ -1,11 +1,23 @@
 """Every call that touches the transformers cache or the model forward, in one place.
 
+`RoundCache` is a static K/V cache sized once (prompt + max_new_tokens + the
+largest round, rounded up to a power of two): each layer's keys and values are preallocated
+[1, heads, length, dim] tensors at fixed addresses. A round writes its rows
+to cache slots [past, past + Q) in place (`index_copy_`), the model attends
+over all `length` slots through the round's mask (which hides every slot
+past the round), and publication copies the accepted rows to the frontier
+in place: no per-layer concatenation, no reallocation, fixed shapes, so
+the forward can be captured by torch.compile and CUDA graphs. The engine
+tracks how many slots are committed; stale slots beyond are masked and
+overwritten later.
+
 Supported range: transformers 5.17 .. 5.x. Differences handled here:
 - 5.24 names the forward's cache argument `cache` (the old `past_key_values`
   still works there with a deprecation warning); 5.17 only knows
   `past_key_values`. We pick the name from the forward's signature once.
-- `DynamicCache.crop` takes a negative count (tokens to drop) in both; a
-  positive argument raises in 5.24, so we only ever pass negatives.
+- Both call `cache.update(key_states, value_states, layer_idx)` from the
+  attention layers and take a 4-D float attention mask as it is; our layers
+  implement `CacheLayerMixin` (the same abstract methods in both).
 """
 from __future__ import annotations
 
@@ -13,37 +25,92 @@ import inspect
 from functools import lru_cache
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
+COMPILE_MODES = ("off", "default", "reduce-overhead")
 
 
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+class _RoundLayer(CacheLayerMixin):
+    is_compileable = True
+
+    def __init__(self, owner: "RoundCache", heads: int, dim: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.owner = owner
+        self.keys = torch.zeros(1, heads, owner.length, dim, dtype=dtype, device=device)
+        self.values = torch.zeros(1, heads, owner.length, dim, dtype=dtype, device=device)
+        torch._dynamo.mark_static_address(self.keys)     # fixed addresses: CUDA graphs replay against them
+        torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True                       # allocated up front: no branch inside a graph
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.keys.index_copy_(2, self.owner.slots, key_states)
+        self.values.index_copy_(2, self.owner.slots, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.length, 0
+
+    def get_seq_length(self) -> int:
+        return 0     # the engine tracks the committed length; transformers only asks without position_ids
+
+    def get_max_length(self) -> int:
+        return self.owner.length
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
+class RoundCache(Cache):
+    """Static cache of `length` slots for every layer of `model`, allocated at once in the model's
+    dtype on its device; `slots` (a device tensor) says where the next forward's rows go."""
+
+    def __init__(self, model, length: int):
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        param = next(model.parameters())
+        self.length = length
+        self.slots: torch.Tensor | None = None
+        super().__init__(layers=[_RoundLayer(self, heads, dim, param.dtype, param.device)
+                                 for _ in range(config.num_hidden_layers)])
 
 
-def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` positions."""
-    drop = cache_length(cache) - length
-    if drop < 0:
-        raise ValueError(f"cannot crop a cache of {cache_length(cache)} positions to {length}")
-    if drop:
-        cache.crop(-drop)
+def round_cache(model, need: int) -> RoundCache:
+    """A cache of at least `need` slots: the smallest power of two from SLOT_QUANTUM up, one cache per
+    size kept on the model, so a request always gets the same cache (the same shapes for compiled
+    rounds, the same addresses for CUDA graphs) whatever ran before it."""
+    length = max(SLOT_QUANTUM, 1 << (need - 1).bit_length())
+    caches = model.__dict__.setdefault("_lp_round_caches", {})
+    if length not in caches:
+        caches[length] = RoundCache(model, length)
+    return caches[length]
 
 
-def publish(cache: DynamicCache, committed: int, accepted: list[int]) -> None:
-    """Keep positions [0, committed) plus the `accepted` positions (increasing, all
-    >= committed), moved to sit right after the committed prefix; drop the rest."""
-    if accepted:
-        src = torch.tensor(accepted, dtype=torch.long)
-        dst = slice(committed, committed + len(accepted))
-        for layer in cache.layers:
-            s = src.to(layer.keys.device)
-            layer.keys[:, :, dst] = layer.keys.index_select(2, s)
-            layer.values[:, :, dst] = layer.values.index_select(2, s)
-    crop(cache, committed + len(accepted))
+def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy the K/V of slots `src` to slots `dst` in every layer, in place (device index tensors
+    of one fixed length; a pair with src == dst is a no-op)."""
+    for layer in cache.layers:
+        layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+        layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+
+
+def compiled_forward(model, mode: str):
+    """`torch.compile(model.forward, fullgraph=True, dynamic=False, mode=...)`, made once per
+    model and mode (None for "off"). fullgraph: a graph break is an error, not a slow path;
+    dynamic=False: one graph per round shape (rounds are padded to a few sizes)."""
+    if mode == "off":
+        return None
+    made = getattr(model, "_lp_compiled", {})
+    if mode not in made:
+        # one graph per round shape (a few buckets x cache lengths): allow more than dynamo's default
+        for key in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, key):
+                setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), 64))
+        made[mode] = torch.compile(model.forward, fullgraph=True, dynamic=False,
+                                   mode=None if mode == "default" else mode)
+        model._lp_compiled = made
+    return made[mode]
 
 
 @lru_cache(maxsize=None)
@@ -58,8 +125,14 @@ def forward(model, cache, **kwargs):
     return model(use_cache=True, **kwargs)
 
 
-def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows) -> torch.Tensor:
-    """One forward over the round's rows; logits [K, V] for `logit_rows` only."""
-    out = forward(model, cache, input_ids=input_ids, position_ids=position_ids,
-                  attention_mask=mask, logits_to_keep=logit_rows)
+def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
+                   compiled=None) -> torch.Tensor:
+    """One forward over a round's rows; logits [K, V] for `logit_rows` only. With a RoundCache,
+    `slots` are the cache slots the rows are written to; `compiled` is a compiled model call."""
+    if slots is not None:
+        cache.slots = slots
+    call = compiled or model
+    kwargs = {_cache_kwarg(type(model)): cache}
+    out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
+               use_cache=True, **kwargs)
     return out.logits[0]

@@ -9,7 +9,16 @@ Roles:
 - TREE: a node of the round's token tree (lp/decode/tree.py) at depth d,
   position p + d; sees the committed rows and its ancestors, itself included.
   A chain candidate v_{c,0}..v_{c,s} is the one-child-per-node case.
+- PAD: rows that only round a round up to a fixed size (compiled rounds);
+  they see only themselves and are never read back.
 Equal positions never imply visibility.
+
+On the device a round is described by one int per row and field (role,
+level, column, depth - 1 / ordinary index, parent row): `descriptors` packs
+them with the ids and positions, `round_mask` builds the additive mask from
+them with tensor ops on whatever device holds them (nothing of size Q x
+(past + Q) is built on the host), `visibility` is the same rule on the host
+for tests.
 """
 from __future__ import annotations
 
@@ -20,7 +29,8 @@ import torch
 
 from lp.decode.tree import EMPTY, TokenTree
 
-ORDINARY, BASE, DEEP, TREE = range(4)
+ORDINARY, BASE, DEEP, TREE, PAD = range(5)
+FIELDS = ("ids", "pos", "role", "level", "col", "off", "parent")
 
 
 class Row(NamedTuple):
@@ -41,7 +51,7 @@ class Round:
     last_ordinary: int                 # row index of b_0
     deep_rows: list[int]               # rows of the deepest filled level (in storage order)
     node_rows: list[int]               # row of each tree node fed here, in node order
-    logit_rows: list[int]              # sorted row indices whose logits are computed
+    logit_rows: list[int]              # rows whose logits are computed: last_ordinary, deep_rows, node_rows
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -93,28 +103,76 @@ def build_round(
                         parent=row_of[parent] if parent >= 0 else -1))
     node_rows = list(row_of.values())
 
-    logit_rows = sorted({last, *deep_rows, *node_rows})
-    return Round(rows, last, deep_rows, node_rows, logit_rows)
+    # ordinary rows come first, then the window, then the tree: this list is sorted, and the
+    # logits come back as [x_t's row, the deepest level's cells, the tree's nodes]
+    return Round(rows, last, deep_rows, node_rows, [last, *deep_rows, *node_rows])
+
+
+def bucket(rows: int) -> int:
+    """The fixed size a round of `rows` rows is padded to when rounds are compiled: a power of
+    two from 8 up, so a job sees a handful of shapes."""
+    return max(8, 1 << (rows - 1).bit_length())
+
+
+def descriptors(rnd: Round, size: int | None = None) -> dict[str, list[int]]:
+    """The rows as one int list per field (FIELDS), padded with PAD rows to `size`."""
+    rows = rnd.rows
+    pad = (size or len(rows)) - len(rows)
+    if pad < 0:
+        raise ValueError(f"a round of {len(rows)} rows does not fit {size}")
+    last_pos = rows[-1].pos
+    return {
+        "ids": [r.token for r in rows] + [0] * pad,
+        "pos": [r.pos for r in rows] + [last_pos] * pad,
+        "role": [r.role for r in rows] + [PAD] * pad,
+        "level": [r.level for r in rows] + [0] * pad,
+        "col": [r.col for r in rows] + [0] * pad,
+        "off": [r.off for r in rows] + [0] * pad,
+        "parent": [r.parent for r in rows] + [-1] * pad,
+    }
 
 
 def visibility(rows: Sequence[Row]) -> torch.Tensor:
-    """Boolean [Q, Q] matrix: entry (i, j) is True when row i attends to row j."""
+    """Boolean [Q, Q] matrix: entry (i, j) is True when row i attends to row j (host, for tests)."""
     t = torch.tensor([(r.role, r.level, r.col, r.off, r.parent) for r in rows], dtype=torch.long)
-    role, level, col, off, parent = t.unbind(1)
+    depth = max((r.off + 1 for r in rows if r.role == TREE), default=0)
+    return visibility_from(*t.unbind(1), depth=depth)
+
+
+def visibility_from(role: torch.Tensor, level: torch.Tensor, col: torch.Tensor, off: torch.Tensor,
+                    parent: torch.Tensor, depth: int) -> torch.Tensor:
+    """The visibility rule on per-row descriptor tensors (any device); `depth` is the tree's depth."""
     qi = lambda x: x[:, None]  # noqa: E731  (query side)
     kj = lambda x: x[None, :]  # noqa: E731  (key side)
     ordinary = role == ORDINARY
     window = (role == BASE) | (role == DEEP) | ordinary
+    pad = role == PAD
 
     # everyone sees the committed rows; committed rows among themselves are causal
-    sees_ordinary = kj(ordinary) & (~qi(ordinary) | (kj(off) <= qi(off)))
+    sees_ordinary = kj(ordinary) & ~qi(pad) & (~qi(ordinary) | (kj(off) <= qi(off)))
     # window rows: base cells of columns <= own column, own column's deep cells up to own level
     sees_base = qi(window & ~ordinary) & kj(role == BASE) & (kj(col) <= qi(col))
     sees_deep = (qi(role == DEEP) & kj(role == DEEP) & (kj(col) == qi(col))
                  & (kj(level) <= qi(level)))
-    is_node = role == TREE
-    depth = int(off[is_node].max()) + 1 if bool(is_node.any()) else 0
-    return sees_ordinary | sees_base | sees_deep | ancestors(is_node, parent, depth)
+    tree = ancestors(role == TREE, parent, depth)
+    itself = torch.eye(role.numel(), dtype=torch.bool, device=role.device) & qi(pad)
+    return sees_ordinary | sees_base | sees_deep | tree | itself
+
+
+def round_mask(rows: dict[str, torch.Tensor], past: int, length: int, depth: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4-D mask [1, 1, Q, length] for a round written to cache slots [past, past + Q)
+    of a cache of `length` slots: every real row sees the committed prefix [0, past), the
+    round's rows by the visibility rule, nothing after; built on the rows' device. The
+    round's own block (the visibility matrix) is `mask[0, 0, :, past:past + Q] == 0`."""
+    role = rows["role"]
+    q, device, low = role.numel(), role.device, torch.finfo(dtype).min
+    vis = visibility_from(role, rows["level"], rows["col"], rows["off"], rows["parent"], depth)
+    mask = torch.full((q, length), low, dtype=dtype, device=device)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    mask[:, :past] = torch.where((role != PAD)[:, None], zero, low)
+    mask[:, past:past + q] = torch.where(vis, zero, low)
+    return mask[None, None]
 
 
 def ancestors(is_node: torch.Tensor, parent: torch.Tensor, depth: int) -> torch.Tensor:
@@ -130,15 +188,3 @@ def ancestors(is_node: torch.Tensor, parent: torch.Tensor, depth: int) -> torch.
         out[rows, cur.clamp(min=0)] |= ok
         cur = torch.where(ok, parent[cur.clamp(min=0)], -1)
     return out
-
-
-def pack(rnd: Round, past: int, dtype: torch.dtype, device: torch.device | str):
-    """(input_ids [1,Q], position_ids [1,Q], 4-D additive mask [1,1,Q,past+Q], logit rows [K])."""
-    rows = rnd.rows
-    ids = torch.tensor([[r.token for r in rows]], dtype=torch.long)
-    pos = torch.tensor([[r.pos for r in rows]], dtype=torch.long)
-    vis = visibility(rows)
-    mask = torch.zeros((1, 1, len(rows), past + len(rows)), dtype=dtype)
-    mask[0, 0, :, past:].masked_fill_(~vis, torch.finfo(dtype).min)
-    keep = torch.tensor(rnd.logit_rows, dtype=torch.long)
-    return ids.to(device), pos.to(device), mask.to(device), keep.to(device)

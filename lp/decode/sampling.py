@@ -43,20 +43,28 @@ def warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList
 
 
 def distribution(logits: torch.Tensor, warp: LogitsProcessorList) -> torch.Tensor:
-    """Sampling distribution(s) of logit row(s), float64 on the CPU."""
+    """Sampling distribution(s) of logit row(s), float64, on the logits' device."""
     scores = warp(None, logits.double().reshape(-1, logits.shape[-1]))
-    return scores.softmax(-1).cpu().reshape(logits.shape)
+    return scores.softmax(-1).reshape(logits.shape)
 
 
 class Draws:
-    """Uniform [0, 1) numbers addressed by (round, offset, index) for one request."""
+    """Uniform [0, 1) numbers addressed by (round, depth, index) for one request."""
 
     def __init__(self, seed: int, request: str | int):
         self.key = f"{seed}/{request}".encode()
 
-    def uniform(self, round_: int, offset: int, index: int) -> float:
-        h = hashlib.blake2b(self.key + struct.pack("<3q", round_, offset, index), digest_size=8).digest()
-        return (int.from_bytes(h, "little") >> 11) * 2.0 ** -53
+    def bits(self, round_: int, depth: int, index: int) -> int:
+        """The draw as a 53-bit integer (exact in an int64 upload)."""
+        h = hashlib.blake2b(self.key + struct.pack("<3q", round_, depth, index), digest_size=8).digest()
+        return int.from_bytes(h, "little") >> 11
+
+    def uniform(self, round_: int, depth: int, index: int) -> float:
+        return self.bits(round_, depth, index) * 2.0 ** -53
+
+    def table(self, round_: int, depths: int, width: int) -> list[int]:
+        """bits for depth 0..depths-1 and index 0..width-1, row by row (a round's upload)."""
+        return [self.bits(round_, d, i) for d in range(depths) for i in range(width)]
 
 
 def sample(p: torch.Tensor, u: float) -> int:
@@ -122,3 +130,42 @@ def children_lists(tree: TokenTree) -> dict[int, list[int]]:
     for u, parent in enumerate(tree.parents):
         out.setdefault(parent, []).append(u)
     return out
+
+
+def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child_local: torch.Tensor,
+                          child_count: torch.Tensor, depths: torch.Tensor, parents: torch.Tensor,
+                          ancestors: torch.Tensor, uniforms: torch.Tensor):
+    """The walk of `verify_tree_sampling`, on the device for every row at once, no host read.
+
+    Row 0 is the root (the ordinary row), row 1 + j this rank's local node j. `dists` [R, V]
+    are the rows' warped distributions, `child_tokens` / `child_local` [R, M] each row's
+    children in child order (token; local index, -1 for a child this rank does not own or
+    padding), `child_count` [R], `uniforms` [depths, M + 1] the draws by (depth, index).
+    Every row tests its children as one-hot proposals with its own draws and samples its
+    residual; the walk is then the chain of accepted children from the root (like greedy's
+    accepted path). Returns (first token, accepted [B] bool, emitted [B]: what each node
+    emits after itself)."""
+    rows, m = child_tokens.shape
+    row_depth = torch.cat([depths.new_zeros(1), depths])
+    u = uniforms[row_depth]                                   # [R, M + 1]
+    p = dists.clone()
+    chosen_tok = torch.full((rows,), -1, dtype=torch.long, device=p.device)
+    chosen_loc = chosen_tok.clone()
+    for i in range(m):
+        tok = child_tokens[:, i]
+        valid = (tok >= 0) & (chosen_tok < 0)
+        index = tok.clamp(min=0)[:, None]
+        pt = p.gather(1, index)[:, 0]
+        accept = valid & (u[:, i] * p.sum(dim=1) < pt)
+        chosen_tok = torch.where(accept, tok, chosen_tok)
+        chosen_loc = torch.where(accept, child_local[:, i], chosen_loc)
+        p = p.scatter(1, index, torch.where(valid & ~accept, torch.zeros_like(pt), pt)[:, None])
+    cdf = p.cumsum(dim=1)                                     # every row's residual draw
+    target = u.gather(1, child_count[:, None]) * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, target, right=True)[:, 0]
+    last = (torch.arange(p.shape[1], device=p.device) * (p > 0)).max(dim=1).values
+    token = torch.where(chosen_tok >= 0, chosen_tok, torch.minimum(drawn, last))
+    nodes = torch.arange(depths.numel(), device=p.device)
+    by_parent = chosen_loc[parents + 1] == nodes              # parents -1 -> row 0, the root
+    accepted = ~(ancestors & ~by_parent[None, :]).any(dim=1)
+    return token[0], accepted, token[1:]

@@ -18,8 +18,9 @@ HEADER = 4   # payload: z*, best hits, deepest accepted node (global index), dee
 
 
 def tree_tensors(tree: TokenTree, nodes: range, device) -> tuple[torch.Tensor, ...]:
-    """The nodes of `tree` in `nodes` (whole root subtrees) as device tensors: tokens,
-    parents (local indices, -1: the root), depths, and the ancestor-or-self matrix."""
+    """The nodes of `tree` in `nodes` (whole root subtrees) as tensors on `device`: tokens,
+    parents (local indices, -1: the root), depths, and the ancestor-or-self matrix (tests and
+    measurements; the engine takes the same from the round's uploaded descriptors)."""
     first = nodes.start
     parents = torch.tensor([tree.parents[u] - first if tree.parents[u] >= 0 else -1 for u in nodes],
                            dtype=torch.long)
@@ -45,20 +46,31 @@ def tree_hits(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Ten
 
 def tree_verdict(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                  ancestors: torch.Tensor, predictions: torch.Tensor, first_node: int,
-                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head [z*, hits, deepest accepted node's global index], the tokens emitted
-    after z* padded to `width`), on the device, without a host sync."""
-    device = next_token.device
-    if tokens.numel() == 0:
-        zero = torch.zeros_like(next_token)
-        return torch.stack([next_token, zero, zero]), torch.zeros(width, dtype=torch.long, device=device)
+                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(head [z*, hits, deepest accepted node's global index], the tokens emitted after z*
+    padded to `width`, the accepted path's local node indices by depth padded to `width`),
+    on the device, without a host sync."""
     accepted = tree_hits(next_token, tokens, parents, predictions, ancestors)
+    return path_verdict(next_token, accepted, depths, predictions, first_node, width)
+
+
+def path_verdict(first: torch.Tensor, accepted: torch.Tensor, depths: torch.Tensor, emitted: torch.Tensor,
+                 first_node: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdict of an accepted path (a set of nodes, one per depth from 1, `accepted`):
+    head [first token, hits, deepest node's global index], what each path node emits
+    (`emitted[node]`) at its depth, and the path's local node indices by depth."""
+    device = first.device
+    if depths.numel() == 0:
+        zero = torch.zeros_like(first)
+        none = torch.zeros(width, dtype=torch.long, device=device)
+        return torch.stack([first, zero, zero]), none, none
     reached = torch.where(accepted, depths, 0)
     hits, best = reached.max(dim=0)
-    # the accepted path emits each node's prediction at its depth; others go to a spare slot
-    slot = torch.where(accepted, depths - 1, width)
-    after = torch.zeros(width + 1, dtype=torch.long, device=device).scatter_(0, slot, predictions)[:width]
-    return torch.stack([next_token, hits, best + first_node]), after
+    slot = torch.where(accepted, depths - 1, width)   # off-path nodes go to a spare slot
+    spare = torch.zeros(width + 1, dtype=torch.long, device=device)
+    after = spare.scatter(0, slot, emitted)[:width]
+    path = spare.scatter(0, slot, torch.arange(depths.numel(), device=device))[:width]
+    return torch.stack([first, hits, best + first_node]), after, path
 
 
 def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
@@ -67,9 +79,9 @@ def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch
     `width` tokens emitted after z (the first `hits` are valid), deepest outputs
     padded to `deep_slots`]."""
     device = deepest.device
-    count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
+    count = torch.full((1,), deepest.numel(), dtype=torch.long, device=device)   # a fill, not a copy
     pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
-    return torch.cat([head.to(device), count, emitted_after.to(device), deepest, pad])
+    return torch.cat([head, count, emitted_after, deepest, pad])
 
 
 class Decision(NamedTuple):

@@ -122,46 +122,54 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.inference_mode()
-def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, device,
-                  masked: bool = False, barrier=None) -> list[dict]:
-    """Median seconds of one forward of `rows` new rows over a `prefix`-token cache.
+def round_forward(model, prefix: int, rows: int):
+    """A closure running one forward of `rows` rows over `prefix` cached tokens the way an engine
+    round runs it (lp.engine: a static RoundCache, the mask built on the device from the rows'
+    descriptors, logits of every row, their argmax read back on the host)."""
+    from lp.decode.kv_cache import forward_logits, round_cache
+    from lp.decode.layout import build_round, descriptors, round_mask
 
-    masked: pass an explicit 4-D float causal mask and keep every row's logits, as the engine's
-    rounds do (lp.decode.kv_cache.forward_logits); otherwise the model's own causal mask.
-    barrier: waited on before each forward (processes measuring side by side stay in step)."""
-    from lp.decode.kv_cache import crop, forward, new_cache
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(prefix * 1000 + rows)
+    random_ids = lambda k: torch.randint(model.config.vocab_size, (k,), generator=gen).tolist()  # noqa: E731
+    cache = round_cache(model, prefix + rows)
 
-    device = torch.device(device)
-    vocab = model.config.vocab_size
-    cache = new_cache(model)
-    forward(model, cache, input_ids=torch.randint(vocab, (1, prefix), device=device), logits_to_keep=1)
-    inputs = []
-    for rows in rows_list:
-        ids = torch.randint(vocab, (1, rows), device=device)
-        pos = torch.arange(prefix, prefix + rows, device=device)[None]
-        kwargs = {}
-        if masked:
-            mask = torch.full((rows, prefix + rows), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
-            mask[:, :prefix] = 0
-            mask[:, prefix:] = torch.triu(mask[:, prefix:], diagonal=1)
-            kwargs["attention_mask"] = mask[None, None]
-        inputs.append((rows, ids, pos, kwargs))
+    def prepared(ordinary, past):
+        rnd = build_round(ordinary, past + len(ordinary) - 1, [])
+        dev = {k: torch.tensor(v, device=device) for k, v in descriptors(rnd).items()}
+        return (dev["ids"][None], dev["pos"][None], round_mask(dev, past, cache.length, 0, model.dtype), cache,
+                torch.arange(len(ordinary), device=device), torch.arange(past, past + len(ordinary), device=device))
+
+    with torch.inference_mode():
+        if prefix:
+            forward_logits(model, *prepared(random_ids(prefix), 0))
+    args = prepared(random_ids(rows), prefix)
+
+    @torch.inference_mode()
+    def run():
+        forward_logits(model, *args).argmax(-1).tolist()
+    return run
+
+
+def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, device=None,
+                  barrier=None) -> list[dict]:
+    """Median seconds of one engine round's forward (`round_forward`) of `rows` new rows over a
+    `prefix`-token cache, for each of `rows_list`; `barrier` is waited on before each forward
+    (processes measuring side by side stay in step)."""
+    runs = [(rows, round_forward(model, prefix, rows)) for rows in rows_list]
+    device = next(model.parameters()).device
     times = {rows: [] for rows in rows_list}
     # whole passes over the row counts, so a burst of load on a shared machine spoils one sample of
     # each row count rather than every sample of one; the first pass warms up
     for _ in range(repeats + 1):
-        for rows, ids, pos, kwargs in inputs:
+        for rows, run in runs:
             if barrier is not None:
                 barrier.wait()
             sync(device)
             t = time.perf_counter()
-            logits = forward(model, cache, input_ids=ids, position_ids=pos, logits_to_keep=rows, **kwargs).logits
-            if masked:
-                logits[0].argmax(-1).tolist()  # the engine reads its predictions back
+            run()
             sync(device)
             times[rows].append(time.perf_counter() - t)
-            crop(cache, prefix)
     return [{"rows": rows, "seconds": statistics.median(times[rows][1:])} for rows in rows_list]
 
 
@@ -186,8 +194,8 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
         sync(device)
         t = time.perf_counter()
         predicted = logits.argmax(-1)
-        head, after = tree_verdict(predicted[0], *tree_tensors(tree, range(len(tree)), device),
-                                   predicted[torch.tensor(node_rows, device=device)], first_node=0, width=s)
+        head, after, _ = tree_verdict(predicted[0], *tree_tensors(tree, range(len(tree)), device),
+                                      predicted[torch.tensor(node_rows, device=device)], first_node=0, width=s)
         deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
         payload = pack_payload(head, after, deep, deep_slots)
         decide(payload[None].tolist(), s)
@@ -214,14 +222,15 @@ def _gather_worker(rank: int, world: int, port: int, numel: int, repeats: int, b
         round_forward = _round_forward(cfg, prefix, rows, device) if cfg is not None else None
         payload = torch.full((numel,), rank, dtype=torch.long, device=device)
         out = torch.empty(world * numel, dtype=torch.long, device=device)
-        shared = torch.zeros(max(candidates, 1), dtype=torch.long)
+        shared = torch.zeros(max(candidates, 1), dtype=torch.long)   # a CPU tensor, as the engine's
+        cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else None   # over gloo (NCCL: GPU only)
         times = []
         dist.barrier()
         for _ in range(repeats + 3):
             if round_forward is None:
                 dist.barrier()
             else:   # the engine's round: rank 0 broadcasts the candidates, every rank runs its rows
-                dist.broadcast(shared, 0)
+                dist.broadcast(shared, 0, group=cpu_group)
                 round_forward()
             t = time.perf_counter()
             _all_gather_single()(out, payload)
@@ -234,31 +243,12 @@ def _gather_worker(rank: int, world: int, port: int, numel: int, repeats: int, b
 
 
 def _round_forward(cfg, prefix: int, rows: int, device):
-    """A closure running one masked forward of `rows` rows over a `prefix` cache (then cropping it)."""
-    from lp.decode.kv_cache import crop, forward, new_cache
+    """`round_forward` on the job's model, loaded on `device` (a CUDA rank) or the job's device."""
     from lp.models import load_model
 
     model = load_model(cfg.model.name, dtype=cfg.model.dtype,
                        device=str(device) if device.type == "cuda" else cfg.model.device).model
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    cache = new_cache(model)
-    with torch.inference_mode():
-        forward(model, cache, input_ids=torch.randint(vocab, (1, prefix), device=device), logits_to_keep=1)
-    ids = torch.randint(vocab, (1, rows), device=device)
-    pos = torch.arange(prefix, prefix + rows, device=device)[None]
-    mask = torch.full((rows, prefix + rows), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
-    mask[:, :prefix] = 0
-    mask[:, prefix:] = torch.triu(mask[:, prefix:], diagonal=1)
-    mask = mask[None, None]
-
-    @torch.inference_mode()
-    def run():
-        logits = forward(model, cache, input_ids=ids, position_ids=pos, attention_mask=mask,
-                         logits_to_keep=rows).logits
-        logits[0].argmax(-1).tolist()
-        crop(cache, prefix)
-    return run
+    return round_forward(model, prefix, rows)
 
 
 def measure_collective(world: int, numel: int = 64, repeats: int = 100, backend: str = "gloo",
@@ -323,7 +313,7 @@ def _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier=None):
         torch.set_num_threads(threads)
     loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
     dev = next(loaded.model.parameters()).device
-    return forward_curve(loaded.model, prefix, list(rows_list), repeats, dev, masked=True, barrier=barrier)
+    return forward_curve(loaded.model, prefix, list(rows_list), repeats, barrier=barrier)
 
 
 def _curve_worker(rank, cfg, prefix, rows_list, repeats, threads, barrier, queue):

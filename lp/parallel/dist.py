@@ -1,8 +1,9 @@
 """Process group setup and the LP collectives (DESIGN.md section 5).
 
-`Comm` is the only thing the decode loop knows about other workers. With one
-worker (plain `python -m lp.run`) it does no communication at all; under
-torchrun it runs exactly two tensor collectives per round:
+`Comm` is the only thing the decode loop knows about other workers. Without a
+process group (plain `python -m lp.run`) it does no communication at all;
+under torchrun (even with one worker: NCCL is exercised the same) it runs
+exactly two tensor collectives per round:
 
 - `share_rows`: rank 0 broadcasts the round's token tree as one fixed-size
   int64 tensor of (token, parent) arrays. It travels over a CPU (gloo) group, so ranks
@@ -40,7 +41,7 @@ class Comm:
         tokens and parents) on every rank: one broadcast of a fixed-size int64 tensor
         [count, row 0 padded to capacity, row 1 ...]. The other ranks pass None and
         `len(rows)` is fixed by the caller's protocol (2 for a tree)."""
-        if self.world == 1:
+        if self.group is None:      # one worker, no process group: nothing to exchange
             return rows
         k = 2 if rows is None else len(rows)
         buf = torch.full((1 + k * capacity,), -1, dtype=torch.long)
@@ -51,13 +52,15 @@ class Comm:
                 buf[1 + i * capacity:1 + i * capacity + count] = torch.tensor(row, dtype=torch.long)
         dist.broadcast(buf, 0, group=self.cpu_group)
         self._count(buf)
-        values = buf.tolist()
+        if self.rank == 0:
+            return rows
+        values = buf.tolist()        # a CPU tensor (gloo group): host memory, no device sync
         count = values[0]
         return [values[1 + i * capacity:1 + i * capacity + count] for i in range(k)]
 
     def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
         """[world, L] stack of every rank's [L] payload."""
-        if self.world == 1:
+        if self.group is None:      # one worker, no process group: nothing to exchange
             return payload[None]
         out = torch.empty(self.world * payload.numel(), dtype=payload.dtype, device=payload.device)
         _all_gather_single()(out, payload, group=self.group)
@@ -66,7 +69,7 @@ class Comm:
 
     def share_ids(self, ids: list[int] | None) -> list[int] | None:
         """Rank 0's token ids (or None, meaning 'no more work') on every rank; outside the step loop."""
-        if self.world == 1:
+        if self.group is None:      # one worker, no process group: nothing to exchange
             return ids
         size = torch.tensor([-1 if ids is None else len(ids)], dtype=torch.long)
         dist.broadcast(size, 0, group=self.cpu_group)

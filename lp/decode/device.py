@@ -1,0 +1,51 @@
+"""Moving a round's integers to the device in one copy.
+
+On CUDA every `.to(device)` from pageable memory and every `torch.tensor(...,
+device=cuda)` is a blocking copy. A round needs many small integer arrays on
+the device (ids, positions, the rows' mask descriptors, the logit rows, the
+tree's child table, the sampling draws): `Uploader.send` packs them into one
+int64 host buffer (pinned on CUDA, reused from round to round) and issues a
+single non-blocking copy into a device buffer that is also reused, then
+hands back views of it by name. Nothing here reads the device.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+
+class Uploader:
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self._host = torch.empty(0, dtype=torch.long)
+        self._dev = torch.empty(0, dtype=torch.long, device=self.device)
+        self.uploads = 0          # copies issued (one per send)
+
+    def send(self, sections: Mapping[str, Sequence[int]]) -> dict[str, torch.Tensor]:
+        """One host-to-device copy of every section; views of the device buffer by name."""
+        sizes = [len(v) for v in sections.values()]
+        total = sum(sizes)
+        if self._host.numel() < total:       # grow both buffers (rarely: sizes are bounded per job)
+            size = max(total, 2 * self._host.numel(), 256)
+            self._host = torch.empty(size, dtype=torch.long, pin_memory=self.pinned)
+            self._dev = torch.empty(size, dtype=torch.long, device=self.device)
+        flat = [x for values in sections.values() for x in values]
+        self._host[:total] = torch.tensor(flat, dtype=torch.long)   # host only: no device involved
+        if self.device.type == "cpu":
+            dev = self._host[:total].clone()    # the CPU is the device: keep the views independent
+        else:
+            dev = self._dev[:total]
+            dev.copy_(self._host[:total], non_blocking=True)
+        self.uploads += 1
+        out, start = {}, 0
+        for name, size in zip(sections, sizes):
+            out[name] = dev[start:start + size]
+            start += size
+        return out
+
+
+def uniforms(mantissas: torch.Tensor) -> torch.Tensor:
+    """53-bit integers (as Draws.bits gives them) -> the same uniform [0, 1) doubles, on the device."""
+    return mantissas.double() * 2.0 ** -53

@@ -1,0 +1,27 @@
+"""Compiled rounds (model.compile: default): torch.compile(fullgraph=True, dynamic=False) of the round
+forward on rounds padded to fixed sizes gives generate's tokens in float64 (a graph break would raise)."""
+import pytest
+import torch
+
+from lp.decode.layout import bucket
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import tiny_random_llama
+from test_exactness import greedy
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+
+
+def test_buckets_are_few_and_fit():
+    sizes = {bucket(q) for q in range(1, 600)}
+    assert sizes == {8, 16, 32, 64, 128, 256, 512, 1024}
+    assert all(bucket(q) >= q for q in range(1, 600))
+
+
+@pytest.mark.slow
+def test_compiled_rounds_identical_to_generate():
+    torch._dynamo.reset()
+    model = tiny_random_llama(vocab=16, seed=1).model.double()
+    params = LookaheadParams(3, 4, 3, lookup_candidates=2, lookup_tokens=6, suffix_factor=4, suffix_tokens=8)
+    r = lookahead_generate(model, PROMPT, params, GenerationParams(24), compile_mode="default")
+    assert r.token_ids == greedy(model, PROMPT, 24)
+    assert max(r.emitted_per_round) > 1

@@ -1,0 +1,75 @@
+"""A round makes the host wait for the device once (the gathered payload) and uploads once
+(one packed buffer): counted on the CPU for greedy and sampling rounds, one worker (LP with two
+workers: tests/test_lp.py)."""
+import pytest
+import torch
+
+from lp.decode import device as device_module
+from lp.decode.suffix import SuffixIndex
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.models import tiny_random_llama
+from sync_count import HostWaits, ours
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def model16():
+    return tiny_random_llama(vocab=16, seed=1).model.double()
+
+
+@pytest.fixture(scope="module")
+def corpus(model16):
+    """A job corpus holding this prompt's own greedy completion: suffix trees hit deep."""
+    x = torch.tensor([PROMPT])
+    out = model16.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24,
+                           pad_token_id=0)[0, len(PROMPT):].tolist()
+    index = SuffixIndex(8)
+    index.add(out)
+    return index
+
+
+@pytest.fixture
+def uploads(monkeypatch):
+    """Uploader.send calls (each is one host-to-device copy)."""
+    calls = []
+    send = device_module.Uploader.send
+
+    def counted(self, sections):
+        calls.append(sorted(sections))
+        return send(self, sections)
+    monkeypatch.setattr(device_module.Uploader, "send", counted)
+    return calls
+
+
+CASES = [
+    ("greedy, window and lookup", LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=6), GenerationParams(16)),
+    ("greedy, suffix tree", LookaheadParams(0, 3, 0, suffix_factor=4, suffix_tokens=12, job_cache=True),
+     GenerationParams(16)),
+    ("sampling on the device", LookaheadParams(3, 4, 3, suffix_factor=4, suffix_tokens=8, job_cache=True),
+     GenerationParams(16, temperature=0.5, top_k=8, top_p=0.95)),
+]
+
+
+@pytest.mark.parametrize("name,params,gen", CASES, ids=[c[0] for c in CASES])
+def test_one_read_and_one_upload_per_round(model16, corpus, uploads, name, params, gen):
+    with HostWaits() as waits:
+        r = lookahead_generate(model16, PROMPT, params, gen, sampling_on_device=True,
+                               corpus=corpus if params.job_cache else None)
+    assert r.forwards > 3 and max(r.emitted_per_round) > 1
+    reads = sum(waits.reads.values())
+    assert reads == r.forwards, waits.reads                       # the payload, nothing else (model included)
+    assert list(waits.reads) == [site for site in waits.reads if site.startswith("lp/engine.py")]
+    assert len(uploads) == r.forwards                              # one packed buffer per round
+    assert ours(waits.uploads) == 0, waits.uploads                 # no other copy from lp's code
+    if gen.sampling:
+        assert all({"draws", "child_tokens"} <= set(s) for s in uploads)
+
+
+def test_the_counter_sees_what_it_must():
+    """The counting mode itself: each kind of wait is seen (so the zeros above mean something)."""
+    import torch
+    x = torch.arange(4)
+    with HostWaits() as waits:
+        x.tolist(), x[0].item(), bool(x[1]), int(x[2]), x[x[1]], x.to("cpu"), torch.tensor([1], device="cpu")
+    assert sum(waits.reads.values()) == 5 and sum(waits.uploads.values()) == 2
