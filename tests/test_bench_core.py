@@ -1,5 +1,6 @@
 """scripts/bench_core.py on the tiny model: every system in the JSON report, lookahead with and
-without lookup candidates identical to plain greedy, prompt lookup counted by its forwards."""
+without lookup candidates and token trees identical to plain greedy, prompt lookup counted by its
+forwards, SuffixDecoding simulated on the greedy ids."""
 import json
 import os
 import subprocess
@@ -13,22 +14,34 @@ def test_bench_core_tiny(tmp_path):
     out = tmp_path / "core.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
            "--dtype", "float64", "--limit", "3", "--max-new-tokens", "24", "--threads", "1", "--seeding", "on",
-           "--prompt-lookup", "6", "--configs", "3,4,3;0,3,0,2,8,2;3,4,3,2,8,2", "--json-out", str(out)]
+           "--prompt-lookup", "6", "--suffix-peer", "16,4", "--json-out", str(out), "--configs",
+           "3,4,3;0,3,0,2,8,2;3,4,3,2,8,2;0,3,0,suffix_factor=4,suffix_tokens=16;"
+           "0,3,0,suffix_factor=4,suffix_tokens=16,job_cache=true"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     systems = {s["system"]: s for s in report["systems"]}
-    assert list(systems) == ["plain greedy", "prompt lookup k=6", "3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2"]
+    suffix, job = "0,3,0 S4x16", "0,3,0 S4x16+job"
+    peers = ["SuffixDecoding B16 F4", "SuffixDecoding B16 F4 +global"]
+    assert list(systems) == ["plain greedy", "prompt lookup k=6", "3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2",
+                             suffix, job] + peers
     plain = systems["plain greedy"]
     assert plain["tokens"] == plain["forwards"] == report["plain_tokens"] > 0
+    assert plain["rows_per_decode_round"] == 1      # one row per decoding step, prefill left out
     for s in systems.values():
         assert s["same_as_plain"] == 3 and s["tokens"] == plain["tokens"]
         assert 1 <= s["compression"] == s["tokens"] / s["forwards"]
-        assert s["rows_per_round"] >= 1 and s["tokens_per_s"] > 0
+        assert s["rows_per_decode_round"] >= 1
+        if s["system"] not in peers:
+            assert s["rows_per_round"] > s["rows_per_decode_round"] and s["tokens_per_s"] > 0
+    for peer in peers:                              # simulated: no forwards, no time
+        assert systems[peer]["tokens_per_s"] is None and systems[peer]["simulated"]
     assert systems["prompt lookup k=6"]["host_ms_per_round"] is None
-    for name in ("3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2"):
+    for name in ("3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2", suffix, job):
         assert systems[name]["host_ms_per_round"] > 0
+    # the tiny model's completions share n-grams from prompt to prompt: the job cache finds them
+    assert systems[job]["forwards"] < systems[suffix]["forwards"]
     # a lookup-only round feeds the ordinary row plus at most 2 candidates of 8 tokens
     assert systems["0,3,0 L2k8m2"]["rows_per_round"] < systems["3,4,3 L2k8m2"]["rows_per_round"]
     assert "0,3,0 L2k8m2" in proc.stdout
