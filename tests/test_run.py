@@ -1,6 +1,7 @@
 """End to end: `python -m lp.run` on the tiny random model writes consistent results and summary."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 import lp.jobs.runner
 import lp.run
+from lp.engine import LookaheadParams
 from lp.jobs.config import JOB_LOOKAHEAD, load_config
 from lp.models import load_model
 from lp.run import main
@@ -100,7 +102,8 @@ def test_end_to_end(job):
     assert summary["decode_seconds"] == pytest.approx(sum(r["decode_seconds"] for r in records))
     assert summary["tokens_per_second"] == pytest.approx(summary["new_tokens"] / summary["decode_seconds"])
     assert sum(summary["finish_reasons"].values()) == 3
-    assert summary["lookahead"] == {**JOB_LOOKAHEAD, "window": 4, "ngram": 3, "guesses": 4, "pool_seeding": True}
+    assert summary["lookahead"] == dataclasses.asdict(
+        LookaheadParams(**{**JOB_LOOKAHEAD, "window": 4, "ngram": 3, "guesses": 4, "pool_seeding": True}))
     assert summary["host_ms_per_round"] >= 0 and summary["rounds"] == sum(r["rounds"] for r in records)
     # the resolved config is saved and loads back to the same job
     assert load_config(out / "config.yaml") == load_config(config)

@@ -70,9 +70,9 @@ EMPTY = TokenTree((), (), ())
 class TreeBuilder:
     """Collects scored token paths from any number of proposers into one trie.
 
-    `add(path, scores)` inserts a path below the root; a node reached by several
-    paths keeps its best score. Scores are clipped so they never increase
-    along a path. `build(budget)` keeps the best `budget` nodes (ties: shallower
+    `add(path, scores)` inserts a path below the root, `add_tree` a scored tree;
+    a node reached several times keeps its best score. A node's score is clipped
+    to its parent's, so scores never increase along a path. `build(budget)` keeps the best `budget` nodes (ties: shallower
     first, then earlier insertion), always with their ancestors."""
 
     def __init__(self):
@@ -85,19 +85,9 @@ class TreeBuilder:
         return len(self._tokens)
 
     def add(self, path: Sequence[int], scores: Sequence[float] | float = 1.0) -> None:
-        node, best = -1, float("inf")
-        for i, token in enumerate(path):
-            score = min(best, scores if isinstance(scores, (int, float)) else scores[i])
-            key = (node, int(token))
-            child = self._child.get(key)
-            if child is None:
-                child = self._child[key] = len(self._tokens)
-                self._tokens.append(int(token))
-                self._parents.append(node)
-                self._scores.append(score)
-            elif score > self._scores[child]:
-                self._scores[child] = score
-            node, best = child, score
+        """Insert one path below the root (a chain: each node's parent is the one before)."""
+        scores = [scores] * len(path) if isinstance(scores, (int, float)) else scores
+        self.add_tree(path, range(-1, len(path) - 1), scores)
 
     def add_tree(self, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float]) -> None:
         """Insert a scored tree given as parent-before-child arrays (parent -1: the root)."""
