@@ -89,12 +89,16 @@ class Plan:
     # the compiled stages' `lookahead` section; None: the GPU config's
     compiled_lookahead: dict | None = None
     estimates: dict = dataclasses.field(default_factory=dict)   # stage kind -> seconds it needs at least
+    tiny: bool = False      # tiny shapes: larger initial weights (see build_model)
 
 
+# 96 + 156 tokens: lp's static cache then has 512 slots for the GPU config's lookahead (prompt +
+# new tokens + 256 for its largest round) and for the greedy loop (+ 8) alike, so the compiled
+# greedy loop adds one round shape (8 rows) to those lookahead compiles, not a second cache length
 FULL = Plan(
     models={"llama-7b": (SHAPES["llama-7b"], "float16"), "smollm2-135m": (SHAPES["smollm2-135m"], "bfloat16")},
     compiled_models=["llama-7b", "smollm2-135m"],
-    prompts=4, prompt_tokens=96, new_tokens=128, inprocess_prompts=2, compiled_job_prompts=None,
+    prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=None,
     rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
     estimates={"eager": 45, "job": 45, "job-compiled": 90, "compiled": 90},
 )
@@ -111,8 +115,9 @@ SMALL = Plan(
     rows=[1, 2, 4, 8, 16], prefix=32, repeats=2,
     compiled_lookahead=dict(window=0, ngram=3, guesses=1, pool_seeding=True, lookup_candidates=1,
                             lookup_tokens=2, lookup_ngram=2),
-    estimates={"eager": 5, "job": 15, "job-compiled": 20, "compiled": 30},
+    estimates={"eager": 5, "job": 15, "job-compiled": 20, "compiled": 30}, tiny=True,
 )
+STAGE_KINDS = ("eager", "job", "job-compiled", "compiled")
 GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_candidates=0)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -396,6 +401,20 @@ def world_of_one(backend: str, device: str):
                 os.environ[k] = v
 
 
+def group_or_none(backend: str, device: str, out: dict):
+    """world_of_one, or None (no collectives) with the reason in out['process_group_error']: the
+    in-process figures still come when the process group cannot be set up."""
+    from lp.parallel.dist import shutdown
+
+    try:
+        return world_of_one(backend, device)
+    except Exception as e:  # noqa: BLE001
+        out["process_group_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        with contextlib.suppress(Exception):
+            shutdown()
+        return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -415,7 +434,7 @@ def compiled_worker(spec_path: str) -> None:
     t = time.perf_counter()
     loaded = load_model(spec["model_dir"], dtype=spec["dtype"], device=spec["device"])
     figures = {"load_seconds": time.perf_counter() - t, "compile_mode": spec["compile"], "systems": {}}
-    comm = world_of_one(spec["backend"], spec["device"])
+    comm = group_or_none(spec["backend"], spec["device"], figures)
     # lookahead as the job runs it (a world of one: its two collectives per round); the greedy
     # loop, a baseline like generate, without collectives
     systems = [("lookahead compiled", spec["lookahead"], comm), ("greedy loop compiled", GREEDY_LOOP, None)]
@@ -433,9 +452,20 @@ def compiled_worker(spec_path: str) -> None:
             fig.update(warmup_seconds=warm, lookahead=params, world_size=group.world if group else 1,
                        backend=group.backend if group else "none")
             figures["systems"][name] = fig
+            figures["dynamo_counters"] = dynamo_counters()
             Path(spec["out"]).write_text(json.dumps(figures))
     finally:
         shutdown()
+
+
+def dynamo_counters() -> dict:
+    """torch._dynamo's counters (graphs compiled, recompilations, CUDA-graph skips and why)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    return {group: {str(k): v for k, v in values.items() if isinstance(v, (int, float))}
+            for group, values in counters.items() if values}
 
 
 # ---- subprocesses within the budget ------------------------------------------------------------------------
@@ -516,18 +546,23 @@ def run_job(name: str, config: dict, work: Path, timeout: float, reference: list
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "lp.run", "--config", str(path), "--quiet"]
     t = time.perf_counter()
-    rc = run_child(cmd, log, timeout)
-    fig = {"command": " ".join(cmd[1:]), "returncode": rc, "wall_seconds": time.perf_counter() - t,
-           "log_tail": tail(log)}
-    summary_path = Path(config["output"]["dir"]) / "summary.json"
+    fig = {"command": " ".join(cmd[1:]), "config": config}
+    out_dir = Path(config["output"]["dir"])
+    try:
+        rc = run_child(cmd, log, timeout)
+    except StageTimeout as e:     # keep the prompts it finished
+        fig.update(log_tail=tail(log), records_so_far=_record_figures(out_dir))
+        raise StageTimeout(e.reason, fig) from None
+    fig.update(returncode=rc, wall_seconds=time.perf_counter() - t, log_tail=tail(log))
+    summary_path = out_dir / "summary.json"
     if rc != 0 or not summary_path.exists():
-        raise RuntimeError(f"torchrun exited {rc}" + ("" if summary_path.exists() else ", no summary.json")
-                           + (": " + fig["log_tail"][-1] if fig["log_tail"] else ""))
+        fig["records_so_far"] = _record_figures(out_dir)
+        raise StageError(f"torchrun exited {rc}" + ("" if summary_path.exists() else ", no summary.json")
+                         + (": " + fig["log_tail"][-1] if fig["log_tail"] else ""), figures=fig)
     summary = json.loads(summary_path.read_text())
     summary.pop("config", None)   # the job's config is fig["config"]
-    records = [json.loads(line) for line in (Path(config["output"]["dir"]) / "results.jsonl").read_text().splitlines()
-               if line.strip()]
-    fig.update(config=config, summary=summary)
+    records = _records(out_dir)
+    fig["summary"] = summary
     later = [r for r in records[1:] if r["finish_reason"] != "error"]   # the first prompt holds any compilation
     if later:
         fig["tokens_per_second_after_first"] = _rate(later, "new_tokens", "decode_seconds")
@@ -538,6 +573,23 @@ def run_job(name: str, config: dict, work: Path, timeout: float, reference: list
         fig["ids_equal_inprocess_lookahead"] = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
     fig["token_ids"] = [r["token_ids"] for r in records]
     return fig
+
+
+def _records(out_dir: Path) -> list[dict]:
+    path = out_dir / "results.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):   # a torn last line of a stopped job
+            out.append(json.loads(line))
+    return out
+
+
+def _record_figures(out_dir: Path) -> list[dict]:
+    keys = ("task_id", "new_tokens", "forwards", "decode_seconds", "baseline_decode_seconds", "baseline_ids_equal",
+            "finish_reason", "error")
+    return [{k: r.get(k) for k in keys} for r in _records(out_dir)]
 
 
 def _rate(records: list[dict], tokens: str, seconds: str) -> float | None:
@@ -613,8 +665,11 @@ def equal_count(ids: list, reference: list | None) -> str | None:
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False),
               help="where models, prompts and job directories go (default: a new temporary directory)")
 @click.option("--keep", is_flag=True, help="keep the work directory (default: removed at the end)")
+@click.option("--stages", default=",".join(STAGE_KINDS), show_default=True,
+              help="the kinds of stage to run (the models are always built), e.g. job-compiled,compiled")
+@click.option("--models", "only_models", default="", help="run these models only (comma-separated; default: all)")
 @click.option("--worker", type=click.Path(dir_okay=False), default=None, hidden=True)
-def main(out_path, small, device, budget_s, work_dir, keep, worker):
+def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models, worker):
     if worker:   # the compiled stage's subprocess (OMP_NUM_THREADS comes from the parent)
         return compiled_worker(worker)
     cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
@@ -623,6 +678,15 @@ def main(out_path, small, device, budget_s, work_dir, keep, worker):
     if not cuda and not small:
         raise click.UsageError("the full shapes need a CUDA GPU (a 7B model); use --small on the CPU")
     plan = SMALL if small else FULL
+    kinds = [k.strip() for k in stages.split(",") if k.strip()]
+    if not set(kinds) <= set(STAGE_KINDS):
+        raise click.BadParameter(f"{stages!r}: stage kinds are {', '.join(STAGE_KINDS)}", param_hint="--stages")
+    if only_models:
+        names = [m.strip() for m in only_models.split(",") if m.strip()]
+        if not set(names) <= set(plan.models):
+            raise click.BadParameter(f"{only_models!r}: models are {', '.join(plan.models)}", param_hint="--models")
+        plan = dataclasses.replace(plan, models={m: plan.models[m] for m in names},
+                                   compiled_models=[m for m in plan.compiled_models if m in names])
     dev = "cuda" if cuda else "cpu"
     if not cuda:   # tiny forwards on a shared CPU: more threads only wait for each other
         torch.set_num_threads(1)
@@ -637,10 +701,10 @@ def main(out_path, small, device, budget_s, work_dir, keep, worker):
     report = {
         "check": "lp gpu_check", "small": small, "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-        "budget_s": budget_s, "compile_mode": compile_mode, "backend": backend,
+        "budget_s": budget_s, "stage_kinds": kinds, "compile_mode": compile_mode, "backend": backend,
         "device_timer": "CUDA events" if cuda else "host clock (the CPU is the device)",
-        "host_syncs": "counted with torch.cuda.set_sync_debug_mode('warn')" if cuda
-        else "not applicable: no CUDA device (nothing to synchronize with)",
+        "host_syncs": ("counted with torch.cuda.set_sync_debug_mode('warn') (it does not cover torch.distributed)"
+                       if cuda else "not applicable: no CUDA device (nothing to synchronize with)"),
         "lookahead": gpu_lookahead, "lookahead_source": str(GPU_CONFIG.relative_to(ROOT)),
         "compiled_lookahead": compiled_lookahead,
         "workload": {"prompts": plan.prompts, "prompt_tokens": plan.prompt_tokens, "new_tokens": plan.new_tokens,
@@ -651,7 +715,7 @@ def main(out_path, small, device, budget_s, work_dir, keep, worker):
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="lp-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead)
+        _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead)
     finally:
         check.save()
         if not keep and not work_dir:
@@ -660,7 +724,7 @@ def main(out_path, small, device, budget_s, work_dir, keep, worker):
     click.echo(f"wrote {out_path} in {report['seconds']:.0f} s")
 
 
-def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead):
+def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead):
     report = check.report
     prompts_path = work / "prompts.jsonl"
     vocab = min(shape["vocab_size"] for shape, _ in plan.models.values())   # every model knows these words
@@ -671,7 +735,7 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
         out = {}
         for name, (shape, dtype) in plan.models.items():
             t = time.perf_counter()
-            model = build_model(shape, getattr(torch, dtype), torch.device(dev), small_shapes(plan))
+            model = build_model(shape, getattr(torch, dtype), torch.device(dev), plan.tiny)
             params = sum(p.numel() for p in model.parameters())
             model.save_pretrained(work / name)
             word_tokenizer(shape["vocab_size"]).save_pretrained(work / name)
@@ -698,7 +762,7 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
             loaded = load_model(str(work / name), dtype=dtype, device=dev)
             out = {"load_seconds": time.perf_counter() - t}
             if comm is None:
-                comm = world_of_one(backend, dev)
+                comm = group_or_none(backend, dev, out)
             out["forward_curve"] = forward_curve(loaded.model, plan.prefix, plan.rows, plan.repeats)
             prompts = [loaded.tokenizer.encode(x) for x in texts[:plan.inprocess_prompts]]
             assert all(len(p) == plan.prompt_tokens for p in prompts), "the tokenizer must give one id per word"
@@ -706,7 +770,7 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
             run_lookahead(loaded, prompts[:1], 4, gpu_lookahead, cuda, comm=comm)
             gen = run_generate(loaded, prompts, plan.new_tokens, cuda)
             look = run_lookahead(loaded, prompts, plan.new_tokens, gpu_lookahead, cuda, comm=comm)
-            look["world_size"], look["backend"] = comm.world, comm.backend
+            look["world_size"], look["backend"] = (comm.world, comm.backend) if comm else (1, "none")
             look["ids_equal_generate"] = equal_count(look["token_ids"], gen["token_ids"])
             out["systems"] = {"generate eager": gen, "lookahead eager": look}
             inprocess[name] = out
@@ -715,7 +779,7 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
             return out
         return run
 
-    for name in plan.models:
+    for name in plan.models if "eager" in kinds else ():
         check.stage(f"eager/{name}", plan.estimates["eager"], eager(name), needs=["setup"])
     if comm is not None:
         from lp.parallel.dist import shutdown
@@ -737,7 +801,7 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
             return fig
         return run
 
-    for name in plan.models:
+    for name in plan.models if "job" in kinds else ():
         check.stage(f"job/{name}", plan.estimates["job"], job(name, False), needs=["setup"])
 
     def compiled(name):
@@ -774,12 +838,10 @@ def _run(check, plan, work, dev, cuda, compile_mode, backend, gpu_lookahead, com
         return run
 
     for name in plan.compiled_models:
-        check.stage(f"job-compiled/{name}", plan.estimates["job-compiled"], job(name, True), needs=["setup"])
-        check.stage(f"compiled/{name}", plan.estimates["compiled"], compiled(name), needs=["setup"])
-
-
-def small_shapes(plan: Plan) -> bool:
-    return plan is SMALL
+        if "job-compiled" in kinds:
+            check.stage(f"job-compiled/{name}", plan.estimates["job-compiled"], job(name, True), needs=["setup"])
+        if "compiled" in kinds:
+            check.stage(f"compiled/{name}", plan.estimates["compiled"], compiled(name), needs=["setup"])
 
 
 def free(cuda: bool) -> None:
