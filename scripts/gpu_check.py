@@ -63,13 +63,13 @@ SHAPES = {
     "llama-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                      num_key_value_heads=32, vocab_size=32000),
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152),
+                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
 }
 SMALL_SHAPES = {   # the same two kinds of attention (full heads; grouped K/V heads) in miniature
     "tiny-llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=4, vocab_size=512),
     "tiny-smol": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=384),
+                      num_key_value_heads=2, vocab_size=384, tie_word_embeddings=True),
 }
 
 
@@ -496,23 +496,59 @@ def child_env() -> dict:
 
 
 def run_child(cmd: list[str], log: Path, timeout: float) -> int:
-    """Run `cmd` in its own process group, output to `log`; past `timeout` seconds the group is
-    terminated (then killed) and StageTimeout raised."""
+    """Run `cmd`, output to `log`; past `timeout` seconds it and every process it started are
+    stopped (SIGTERM, then SIGKILL 10 s later) and StageTimeout raised. torchrun starts its workers
+    in sessions of their own, so they are found by parentage, not by process group."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(timeout=wait)
+            pids = [proc.pid, *descendants(proc.pid)]
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.2)
+                if not any(_alive(pid) for pid in pids):
                     break
-                except subprocess.TimeoutExpired:
-                    continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
             raise StageTimeout(f"stopped when the budget ran out, after {timeout:.0f} s") from None
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    if not Path("/proc").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"   # zombie: exited
+    except (OSError, IndexError):
+        return False
 
 
 def tail(path: Path, lines: int = 15) -> list[str]:
@@ -712,7 +748,7 @@ def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models,
         "models": {},
     }
     check = Check(Path(out_path), budget_s, report, cuda)
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="lp-gpu-check-"))
+    work = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="lp-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead)

@@ -110,11 +110,16 @@ def test_time_guard_skips_and_stops(tmp_path):
     assert needs["status"] == "skipped" and "too big did not succeed" in needs["reason"]
     failed = check.stage("fails", 0, lambda left: 1 / 0)
     assert failed["status"] == "failed" and "ZeroDivisionError" in failed["reason"]
+    # a child that starts a worker in a session of its own, as torchrun does: both are stopped
+    spawn = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+             "time.sleep(60)'], start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
     t = time.perf_counter()
     stopped = check.stage("slow child", 0, lambda left: gcheck.run_child(
-        [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log", min(left, 1)))
+        [sys.executable, "-c", spawn], tmp_path / "log", min(left, 2)))
     assert stopped["status"] == "timeout" and time.perf_counter() - t < 30
     assert json.loads((tmp_path / "r.json").read_text())["stages"]["slow child"]["status"] == "timeout"
+    worker = int((tmp_path / "log").read_text().split()[0])
+    assert not gcheck._alive(worker)
 
 
 def test_sync_warnings_are_counted():
