@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
@@ -118,6 +119,7 @@ SMALL = Plan(
     estimates={"eager": 5, "job": 15, "job-compiled": 20, "compiled": 30}, tiny=True,
 )
 STAGE_KINDS = ("eager", "job", "job-compiled", "compiled")
+HARD_STOP_S = 40   # past the budget by this much the whole check ends (420 + 40 s: inside 8 minutes)
 GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_candidates=0)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -642,7 +644,32 @@ class Check:
     def __init__(self, out_path: Path, budget_s: float, report: dict, cuda: bool = False):
         self.out_path, self.budget_s, self.report, self.cuda = out_path, budget_s, report, cuda
         self.start = time.perf_counter()
+        self.running: str | None = None
+        self.cleanup = lambda: None
         report.setdefault("stages", {})
+
+    def watchdog(self, after_s: float) -> threading.Timer:
+        """A stage in this process cannot be stopped by the budget: past `after_s` seconds the whole
+        check ends (the JSON written, every process it started killed, the work directory removed)."""
+        timer = threading.Timer(max(after_s - self.elapsed(), 0), self._hard_stop, args=(after_s,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _hard_stop(self, after_s: float) -> None:
+        with contextlib.suppress(Exception):
+            if self.running:
+                self.report["stages"][self.running] = {"status": "timeout",
+                                                       "reason": f"the whole check was stopped at {after_s:.0f} s"}
+            self.report["stopped"] = f"the whole check was stopped at {after_s:.0f} s (budget {self.budget_s:.0f} s)"
+            self.save()
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.cleanup()
+            click.echo(f"stopped at {after_s:.0f} s; wrote {self.out_path}", err=True)
+        os._exit(3)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -664,6 +691,7 @@ class Check:
         if record is None:
             click.echo(f"[{self.elapsed():5.0f} s] {name} ...", err=True)
             t = time.perf_counter()
+            self.running = name
             try:
                 record = {"status": "ok", **fn(self.left())}
             except StageError as e:
@@ -671,6 +699,7 @@ class Check:
             except Exception as e:  # noqa: BLE001  (a failed stage is a finding; the check goes on)
                 record = {"status": "failed", "reason": f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"}
             record["seconds"] = time.perf_counter() - t
+            self.running = None
             free(self.cuda)   # whatever a failed stage left behind, before the next one
         else:
             click.echo(f"[{self.elapsed():5.0f} s] {name}: skipped ({reason})", err=True)
@@ -750,12 +779,15 @@ def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models,
     check = Check(Path(out_path), budget_s, report, cuda)
     work = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="lp-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
+    if not keep and not work_dir:
+        check.cleanup = lambda: shutil.rmtree(work, ignore_errors=True)
+    watchdog = check.watchdog(budget_s + HARD_STOP_S)
     try:
         _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead)
     finally:
+        watchdog.cancel()
         check.save()
-        if not keep and not work_dir:
-            shutil.rmtree(work, ignore_errors=True)
+        check.cleanup()
     click.echo(render(report))
     click.echo(f"wrote {out_path} in {report['seconds']:.0f} s")
 

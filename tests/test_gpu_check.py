@@ -122,6 +122,18 @@ def test_time_guard_skips_and_stops(tmp_path):
     assert not gcheck._alive(worker)
 
 
+def test_watchdog_ends_a_stage_stuck_in_process(tmp_path):
+    out = tmp_path / "r.json"
+    code = (f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'scripts')!r}]; import gpu_check as g; "
+            f"c = g.Check(g.Path({str(out)!r}), 1, {{}}); c.watchdog(2); "
+            f"c.stage('stuck', 0, lambda left: time.sleep(60))")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and time.perf_counter() - t < 40, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["stages"]["stuck"]["status"] == "timeout" and "stopped at 2 s" in report["stopped"]
+
+
 def test_sync_warnings_are_counted():
     gcheck = _module()
     with warnings.catch_warnings(record=True) as caught:
