@@ -28,7 +28,9 @@ and writes prompts in that vocabulary to a JSONL file. Then, stage by stage, in 
    the same way, after an untimed pass that compiles every round shape, timed and counted as in 1.
 
 A stage is skipped, with the reason recorded, when the time left in the budget (--budget-s) is
-below its estimate; a stage in a subprocess is stopped when the budget runs out. Random weights
+below its estimate; a stage in a subprocess is stopped when the budget runs out, and a watchdog
+ends the whole check HARD_STOP_S seconds later (a stage in this process cannot be stopped
+otherwise). The JSON is rewritten after every stage. Random weights
 make S (tokens per round) meaningless; time per round, device time against wall time, host
 syncs, the forward-time curve and whether the ids equal plain greedy decoding's are not.
 """
@@ -348,7 +350,7 @@ def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool) 
     seconds = sum(r.decode_seconds for r in results)
     fig = {"prompts": len(results), "tokens": tokens, "forwards": tokens, "seconds": seconds,
            "tokens_per_s": tokens / seconds, "wall_ms_per_forward": 1000 * seconds / tokens, **times.figures()}
-    fig["device_busy"] = fig["device_ms_per_forward"] / fig["wall_ms_per_forward"] if "device_ms_per_forward" in fig else None
+    fig["device_busy"] = fig.get("device_ms_per_forward", 0) / fig["wall_ms_per_forward"]
     fig.update(out)
     fig["host_syncs_per_forward"] = None if out["host_syncs"] is None else out["host_syncs"] / tokens
     fig["token_ids"] = [r.token_ids for r in results]
@@ -378,7 +380,7 @@ def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dic
            "host_ms_per_round": 1000 * sum(r.host_seconds for r in results) / rounds,
            "rows_per_round": sum(sum(r.rows_per_round) for r in results) / rounds,
            "collectives_per_round": sum(r.collectives for r in results) / rounds, **times.figures()}
-    fig["device_busy"] = fig["device_ms_per_round"] / fig["wall_ms_per_round"] if "device_ms_per_round" in fig else None
+    fig["device_busy"] = fig.get("device_ms_per_round", 0) / fig["wall_ms_per_round"]
     fig.update(out)
     fig["host_syncs_per_round"] = None if out["host_syncs"] is None else out["host_syncs"] / rounds
     fig["token_ids"] = [r.token_ids for r in results]
@@ -455,7 +457,9 @@ def compiled_worker(spec_path: str) -> None:
                        backend=group.backend if group else "none")
             figures["systems"][name] = fig
             figures["dynamo_counters"] = dynamo_counters()
-            Path(spec["out"]).write_text(json.dumps(figures))
+            tmp = Path(spec["out"] + ".tmp")
+            tmp.write_text(json.dumps(figures))
+            os.replace(tmp, spec["out"])    # whole or not at all: the budget may stop this process
     finally:
         shutdown()
 
@@ -825,7 +829,7 @@ def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahe
             from lp.measure.cost_model import forward_curve
             from lp.models import load_model
 
-            shape, dtype = plan.models[name]
+            _, dtype = plan.models[name]
             t = time.perf_counter()
             loaded = load_model(str(work / name), dtype=dtype, device=dev)
             out = {"load_seconds": time.perf_counter() - t}
@@ -857,7 +861,7 @@ def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahe
 
     def job(name, compiled):
         def run(left):
-            shape, dtype = plan.models[name]
+            _, dtype = plan.models[name]
             stage = f"job-compiled-{name}" if compiled else f"job-{name}"
             config = job_config(work / name, dtype, dev, compile_mode if compiled else "off", backend,
                                 compiled_lookahead if compiled else gpu_lookahead, plan, prompts_path,
@@ -874,7 +878,7 @@ def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahe
 
     def compiled(name):
         def run(left):
-            shape, dtype = plan.models[name]
+            _, dtype = plan.models[name]
             spec = {"model_dir": str(work / name), "dtype": dtype, "device": dev, "compile": compile_mode,
                     "backend": backend, "lookahead": compiled_lookahead, "new_tokens": plan.new_tokens,
                     "prompts": [prompt_ids(k, plan.prompt_tokens, vocab)
@@ -955,17 +959,18 @@ def render(report: dict) -> str:
         for stage in (f"job/{name}", f"job-compiled/{name}"):
             s = stages.get(stage)
             if s and s.get("status") == "ok":
-                m = s["summary"]
+                m, after = s["summary"], "after the first prompt"
                 lines.append(
                     f"  {stage.split('/')[0]} (torchrun, world {m['world_size']}, {m['backend']}, compile "
-                    f"{s['config']['model']['compile']}): {m['prompts']} prompts, {_f(m['tokens_per_second'], '.1f')} tok/s"
-                    f" ({_f(s.get('tokens_per_second_after_first'), '.1f')} after the first prompt), S {_f(m['compression'])},"
-                    f" ids = baseline {s['ids_equal_baseline']}")
+                    f"{s['config']['model']['compile']}): {m['prompts']} prompts, "
+                    f"{_f(m['tokens_per_second'], '.1f')} tok/s ({_f(s.get('tokens_per_second_after_first'), '.1f')} "
+                    f"{after}), S {_f(m['compression'])}, ids = baseline {s['ids_equal_baseline']}")
                 lines.append(
                     f"  {'':<4}generate baseline {_f(m.get('baseline_tokens_per_second'), '.1f')} tok/s "
                     f"({_f(s.get('baseline_tokens_per_second_after_first'), '.1f')}), speedup {_f(m.get('speedup'))}x; "
-                    f"per round {_f(m['collectives_per_round'], '.1f')} collectives, {_f(m['bytes_per_round'], '.0f')} bytes, "
-                    f"{_f(m['host_ms_per_round'])} host ms, {_f(m['rows_per_round'], '.1f')} rows")
+                    f"per round {_f(m['collectives_per_round'], '.1f')} collectives, "
+                    f"{_f(m['bytes_per_round'], '.0f')} bytes, {_f(m['host_ms_per_round'])} host ms, "
+                    f"{_f(m['rows_per_round'], '.1f')} rows")
     bad = {k: v for k, v in stages.items() if v.get("status") != "ok"}
     if bad:
         lines.append("\nnot run to the end:")
