@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import re
 
-CODE_INSTRUCTION = "Complete the following Python code:\n```python\n{prompt}\n```"
+CODE_INSTRUCTION = "Complete the body of the following Python code:\n```python\n{prompt}\n```"
 RESPONSE_PREFIX = "```python"
 CHAT_CODE_STOP = ("\n```",)
 
