@@ -57,7 +57,6 @@ from lp.models import DTYPES as _MODEL_DTYPES
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
 DATA_SOURCES = ("humaneval", "classeval", "jsonl")
 CODE_SOURCES = ("humaneval", "classeval")  # prompts that are code, with tests to evaluate completions
-FILE_SOURCES = ("classeval", "jsonl")      # read from data.path
 METHODS = ("lookahead", "autoregressive")
 # the default stop strings of code-completion (HumanEval) jobs: the completion ends where the next
 # top-level definition, script code, print or comment would begin
