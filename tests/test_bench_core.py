@@ -61,7 +61,6 @@ def test_bench_core_on_classeval_prompts(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--data", "classeval"], "data.path"),                                   # no file given
     (["--data", "classeval", "--data-path", "nope.json"], "ClassEval file not found"),
     (["--chat"], "no chat template"),                                         # the tiny model is not an instruct model
 ])
