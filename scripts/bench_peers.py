@@ -51,7 +51,7 @@ def run_workers(model_name, dtype, offset, limit, max_new_tokens, window, ngram,
         "model": {"name": model_name, "dtype": dtype, "device": "cpu"},
         "lookahead": {"window": window, "ngram": ngram, "guesses": guesses, "pool_seeding": True},
         "generation": {"method": "lookahead", "max_new_tokens": max_new_tokens, "stop": []},
-        "data": {"source": "humaneval", "offset": offset, "limit": limit},
+        "data": {"source": "humaneval", "offset": offset, "limit": limit, "chat_template": False},  # raw prompts
         "output": {"dir": str(workdir / "job"), "evaluate": False},
         "distributed": {"backend": "gloo"},
     }

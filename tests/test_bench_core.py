@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,3 +54,32 @@ def test_bench_core_rejects_a_bad_config():
     proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "expected W,N,G or W,N,G,L,K,M" in proc.stderr
+
+
+def test_bench_core_on_classeval_prompts(tmp_path):
+    """--data classeval: the class skeletons of a ClassEval file, by task id, decoded exactly."""
+    out = tmp_path / "core.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=128&seed=0",
+           "--dtype", "float64", "--data", "classeval", "--data-path", str(ROOT / "tests" / "data" / "classeval_mini.json"),
+           "--limit", "2", "--max-new-tokens", "12", "--threads", "1", "--seeding", "on", "--configs", "0,3,0,2,8,2",
+           "--json-out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["data"] == "classeval" and report["chat"] is False and report["prompts"] == 2
+    assert all(s["same_as_plain"] == 2 for s in report["systems"])
+    assert "ClassEvalMini_0" in proc.stderr and "ClassEvalMini_1" in proc.stderr and "ClassEvalMini_2" not in proc.stderr
+    assert "2 ClassEval prompts" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--data", "classeval", "--data-path", "nope.json"], "ClassEval file not found"),
+    (["--chat"], "no chat template"),                                         # the tiny model is not an instruct model
+])
+def test_bench_core_data_errors_are_usage_errors(tmp_path, args, needle):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
+           "--limit", "1", "--configs", "0,3,0,2,8,2", *args]
+    proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from pathlib import Path
 
 import lp.run
+from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
 from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, JobConfig, differences, load_config,
                        load_config_dict)
 from lp.engine import LookaheadParams
@@ -73,6 +74,12 @@ BAD = [
     ("set-method", {}, ["generation.method=speculative"], "generation.method:"),
     ("chat-template-string", {"data": {"chat_template": "yes"}}, [], "data.chat_template:"),
     ("chat-template-int", {"data": {"chat_template": 1}}, [], "data.chat_template:"),
+    ("classeval-needs-path", {"data": {"source": "classeval"}}, [], "data.path:"),
+    ("instruction-without-prompt", {"data": {"instruction": "Complete this code."}}, [], "data.instruction:"),
+    ("instruction-number", {"data": {"instruction": 5}}, [], "data.instruction:"),
+    ("instruction-null", {}, ["data.instruction=null"], "data.instruction:"),
+    ("response-prefix-list", {"data": {"response_prefix": ["```"]}}, [], "data.response_prefix:"),
+    ("response-prefix-null", {}, ["data.response_prefix=null"], "data.response_prefix:"),
     ("evaluate-string", {"output": {"evaluate": "true"}}, [], "output.evaluate:"),
     ("evaluate-jsonl", {"output": {"evaluate": True}, "data": {"source": "jsonl", "path": "p.jsonl"}}, [],
      "output.evaluate:"),
@@ -185,9 +192,10 @@ def test_default_job_is_the_embedded_default():
     assert cfg.lookahead == LookaheadParams(**JOB_LOOKAHEAD) != LookaheadParams()
     assert cfg.lookahead.pool_seeding is True and cfg.lookahead.lookup_candidates > 0
     assert cfg.generation.max_new_tokens == 256 and cfg.generation.method == "lookahead"
-    assert cfg.generation.stop == CODE_COMPLETION_STOP
+    assert cfg.generation.stop == CHAT_CODE_STOP == ("\n```",)  # the chat mode's closing fence
     assert (cfg.data.source, cfg.data.offset, cfg.data.limit) == ("humaneval", 0, 20)
-    assert cfg.data.chat_template is False and cfg.output.evaluate is False and cfg.baseline.enabled is False
+    assert cfg.data.chat_template is True and cfg.output.evaluate is False and cfg.baseline.enabled is False
+    assert (cfg.data.instruction, cfg.data.response_prefix) == (CODE_INSTRUCTION, RESPONSE_PREFIX)
 
 
 def test_code_completion_stop_strings():
@@ -196,7 +204,8 @@ def test_code_completion_stop_strings():
 
 def test_shipped_configs_are_all_tested():
     names = {Path(p).name for p in SHIPPED}
-    assert {"humaneval-smollm2.yaml", "humaneval-smollm2-full.yaml", "example-jsonl.yaml"} <= names
+    assert {"humaneval-smollm2.yaml", "humaneval-smollm2-full.yaml", "example-jsonl.yaml",
+            "classeval-smollm2.yaml", "codellama-7b-instruct-classeval.yaml"} <= names
     assert any("codellama" in n for n in names)
 
 
@@ -210,6 +219,8 @@ def test_shipped_configs_are_valid_and_round_trip(tmp_path, path):
     assert cfg.output.dir.startswith("runs/")
     if cfg.data.source == "jsonl":
         assert (Path(__file__).resolve().parents[1] / cfg.data.path).is_file()
+    if cfg.data.source == "classeval":  # not shipped: where the README says to put it
+        assert cfg.data.path == "data/ClassEval_data.json"
 
 
 def test_gpu_configs_use_the_paper_settings_on_cuda():
@@ -218,19 +229,43 @@ def test_gpu_configs_use_the_paper_settings_on_cuda():
     for cfg in gpu:
         assert cfg.model.dtype in ("float16", "bfloat16")
         assert (cfg.lookahead.window, cfg.lookahead.ngram, cfg.lookahead.guesses) == (15, 5, 15)
-        assert cfg.data.source == "humaneval" and cfg.data.limit is None and cfg.baseline.enabled
+        assert cfg.data.source in ("humaneval", "classeval") and cfg.data.limit is None and cfg.baseline.enabled
+        # instruct models in the chat mode (stop at the closing fence), base models on raw prompts
+        assert cfg.data.chat_template is ("Instruct" in cfg.model.name)
+        assert cfg.generation.stop == (CHAT_CODE_STOP if cfg.data.chat_template else CODE_COMPLETION_STOP)
+
+
+JSONL = {"source": "jsonl", "path": "p.jsonl"}
+CLASSEVAL = {"source": "classeval", "path": "ClassEval_data.json"}
 
 
 @pytest.mark.parametrize("mapping,stop", [
-    ({}, CODE_COMPLETION_STOP),                                                    # humaneval default
-    ({"generation": {"max_new_tokens": 8}}, CODE_COMPLETION_STOP),
+    ({}, CHAT_CODE_STOP),                                                          # humaneval: chat mode
+    ({"generation": {"max_new_tokens": 8}}, CHAT_CODE_STOP),
+    ({"data": {"chat_template": False}}, CODE_COMPLETION_STOP),                    # raw code prompts
+    ({"data": CLASSEVAL}, CHAT_CODE_STOP),
+    ({"data": {**CLASSEVAL, "chat_template": False}}, CODE_COMPLETION_STOP),
     ({"generation": {"stop": []}}, ()),                                            # [] means none
     ({"generation": {"stop": ["\n\n"]}}, ("\n\n",)),                              # replaced
-    ({"data": {"source": "jsonl", "path": "p.jsonl"}}, ()),                        # jsonl: none by default
-    ({"data": {"source": "jsonl", "path": "p.jsonl"}, "generation": {"stop": ["\n#"]}}, ("\n#",)),
+    ({"data": JSONL}, ()),                                                         # jsonl: none by default
+    ({"data": {**JSONL, "chat_template": True}}, CHAT_CODE_STOP),
+    ({"data": JSONL, "generation": {"stop": ["\n#"]}}, ("\n#",)),
 ])
-def test_stop_default_depends_on_the_data_source(mapping, stop):
+def test_stop_default_depends_on_the_data_source_and_mode(mapping, stop):
     assert load_config_dict(mapping).generation.stop == stop
+
+
+@pytest.mark.parametrize("data,chat", [({}, True), ({"source": "humaneval"}, True), (CLASSEVAL, True),
+                                       (JSONL, False), ({**JSONL, "chat_template": True}, True),
+                                       ({"chat_template": False}, False)])
+def test_chat_mode_is_the_default_for_the_code_sources(data, chat):
+    assert load_config_dict({"data": data}).data.chat_template is chat
+    assert load_config_dict({}, [f"data.{k}={v}" for k, v in data.items()]).data.chat_template is chat
+
+
+def test_set_chat_template_false_gives_the_raw_code_stop_strings():
+    """The default job leaves `stop` out, so switching the mode from the command line switches the stop too."""
+    assert load_config(DEFAULT_JOB, ["data.chat_template=false"]).generation.stop == CODE_COMPLETION_STOP
 
 
 def test_set_can_clear_the_default_stop_strings():
@@ -269,6 +304,8 @@ def test_differences_ignore_the_keys_that_do_not_change_results():
     other = load_config_dict({"lookahead": {"window": 7}, "baseline": True, "generation": {"stop": []}})
     changed = differences(base, other)
     assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop", "baseline.enabled"]
+    chat = load_config_dict({"data": {"instruction": "Fix: {prompt}", "response_prefix": ""}})
+    assert [line.split(":", 1)[0] for line in differences(base, chat)] == ["data.instruction", "data.response_prefix"]
     assert "lookahead.window: 0 -> 7" in changed
 
 
@@ -277,7 +314,8 @@ def test_round_trip_keeps_every_value(tmp_path):
         "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float64", "device": "cuda:1"},
         "lookahead": {"window": 3, "ngram": 3, "guesses": 0, "pool_seeding": False},
         "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"], "method": "autoregressive"},
-        "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None, "chat_template": True},
+        "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None, "chat_template": True,
+                 "instruction": "Q: {prompt}\nA:", "response_prefix": ""},
         "output": {"dir": "runs/x", "evaluate": False, "evaluate_timeout_s": 2.5},
         "distributed": {"backend": "gloo", "timeout_s": 12.5},
         "baseline": {"enabled": True},
@@ -351,13 +389,13 @@ def test_problem_lines_name_value_and_allowed_values(tmp_path):
         load_config(write(tmp_path, {"model": {"dtype": "half"}, "data": {"source": "csv"}}))
     text = str(err.value)
     assert "model.dtype: 'half' must be one of float32, bfloat16, float16, float64" in text
-    assert "data.source: 'csv' must be one of humaneval, jsonl" in text
+    assert "data.source: 'csv' must be one of humaneval, classeval, jsonl" in text
     assert textwrap.dedent(text).startswith("invalid config ")
 
 
 def test_readme_config_block_is_the_default_job():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    block = readme.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("\n```", 1)[0]  # the fence line
     assert load_config_dict(yaml.safe_load(block)) == JobConfig() == load_config(DEFAULT_JOB)
 
 

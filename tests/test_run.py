@@ -13,9 +13,12 @@ from click.testing import CliRunner
 
 import lp.jobs.runner
 import lp.run
+from pathlib import Path
+
 from lp.engine import LookaheadParams
-from lp.jobs.config import JOB_LOOKAHEAD, load_config
-from lp.models import load_model
+from lp.jobs.code import CHAT_CODE_STOP, chat_completion, chat_message, parses
+from lp.jobs.config import CODE_COMPLETION_STOP, JOB_LOOKAHEAD, load_config
+from lp.models import LoadedModel, TinyTokenizer, load_model
 from lp.run import main
 
 TINY = "tiny-random-llama?vocab=64&seed=0"
@@ -24,7 +27,7 @@ PROMPTS = [
     {"task_id": "t/1", "prompt": "abc abc abc abc"},
     {"task_id": "t/2", "prompt": "Once upon a time"},
 ]
-RECORD_KEYS = {"task_id", "line", "prompt_tokens", "completion", "token_ids", "new_tokens", "forwards",
+RECORD_KEYS = {"task_id", "line", "prompt_tokens", "response", "completion", "token_ids", "new_tokens", "forwards",
                "compression", "decode_seconds", "finish_reason", "error", "method"}
 BASELINE_KEYS = {"baseline_token_ids", "baseline_new_tokens", "baseline_decode_seconds", "baseline_finish_reason",
                  "baseline_ids_equal"}
@@ -87,12 +90,13 @@ def test_end_to_end(job):
         assert record["compression"] == pytest.approx(record["new_tokens"] / record["forwards"])
         # no stop strings here: the completion is the whole decoded output, special tokens skipped
         assert record["completion"] == loaded.tokenizer.decode(record["token_ids"], skip_special_tokens=True)
+        assert record["response"] == record["completion"]  # not the chat mode: nothing is extracted
         # the wiring is exact: same tokens as plain greedy decoding of the same prompt ids
         assert record["token_ids"] == greedy(loaded.model, ids, 16, set(loaded.eos_token_ids))
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompts"] == 3 and summary["errors"] == 0 and summary["method"] == "lookahead"
-    assert "speedup" not in summary and "pass_at_1" not in summary
+    assert "speedup" not in summary and "pass_at_1" not in summary and "parsed" not in summary  # jsonl: not code
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples == [{"task_id": r["task_id"], "completion": r["completion"]} for r in records]
     assert summary["model"] == loaded.name
@@ -338,6 +342,7 @@ def test_chat_template_needs_a_tokenizer_that_has_one(job):
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: data.chat_template is true")
     assert "no chat template" in result.stderr and "Traceback" not in result.output
+    assert "data.chat_template: false" in result.stderr  # what to do about it
 
 
 class ChatTokenizer:
@@ -352,7 +357,7 @@ class ChatTokenizer:
         return ([1] if add_special_tokens else []) + [ord(c) for c in text]
 
 
-def test_chat_template_wraps_the_prompt_as_the_user_message():
+def test_chat_template_wraps_the_instruction_and_opens_the_answer():
     from lp.jobs.config import load_config_dict
     from lp.jobs.data import Prompt
     from lp.models import LoadedModel
@@ -360,9 +365,12 @@ def test_chat_template_wraps_the_prompt_as_the_user_message():
 
     loaded = LoadedModel(None, ChatTokenizer(), "fake", [2])
     cfg = load_config_dict({"data": {"chat_template": True}})
-    ids, error = encode_prompt(Prompt("t", "hi"), loaded, cfg, None)
-    assert error is None and ids == [ord(c) for c in "<u>user:hi</u><a>"]  # no second BOS
-    plain, _ = encode_prompt(Prompt("t", "hi"), loaded, load_config_dict({}), None)
+    ids, error = encode_prompt(Prompt("t", "x = 1\n\n"), loaded, cfg, None)
+    text = "<u>user:Complete the body of the following Python code:\n```python\nx = 1\n```</u><a>```python"
+    assert error is None and ids == [ord(c) for c in text]  # no second BOS
+    mine = load_config_dict({"data": {"instruction": "Q: {prompt}", "response_prefix": "A:"}})
+    assert encode_prompt(Prompt("t", "hi"), loaded, mine, None)[0] == [ord(c) for c in "<u>user:Q: hi</u><a>A:"]
+    plain, _ = encode_prompt(Prompt("t", "hi"), loaded, load_config_dict({"data": {"chat_template": False}}), None)
     assert plain == [1, ord("h"), ord("i")]
 
 
@@ -372,7 +380,7 @@ def test_evaluate_adds_pass_at_1(tmp_path):
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 3, "guesses": 4},
         "generation": {"max_new_tokens": 4},
-        "data": {"source": "humaneval", "limit": 2},
+        "data": {"source": "humaneval", "limit": 2, "chat_template": False},  # the tiny model has no chat template
         "output": {"dir": str(tmp_path / "out"), "evaluate": True, "evaluate_timeout_s": 20},
     }))
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
@@ -383,3 +391,86 @@ def test_evaluate_adds_pass_at_1(tmp_path):
     assert [o["task_id"] for o in outcomes] == ["HumanEval/0", "HumanEval/1"]
     assert all(o["passed"] is False and o["result"].startswith("failed") for o in outcomes)
     assert "pass@1 = 0.000 (0/2 passed" in result.stdout
+
+
+# ---- the chat code-completion mode and ClassEval on the tiny model ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "tests" / "data" / "classeval_mini.json"
+TINY_ASCII = "tiny-random-llama?vocab=128&seed=0"  # printable ASCII round-trips through its tokenizer
+
+
+class TinyChatTokenizer(TinyTokenizer):
+    """The tiny model's tokenizer with a chat template, as an instruct model's has."""
+    chat_template = "<user>{{ content }}</user><assistant>"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        (message,) = messages
+        return f"<user>{message['content']}</user><assistant>"
+
+    def encode(self, text, add_special_tokens=True):
+        return super().encode(text)
+
+
+@pytest.fixture
+def chat_model(monkeypatch):
+    """Jobs in this test load the tiny model with a chat template."""
+    real = lp.jobs.runner.load_model
+
+    def load(name, dtype, device):
+        loaded = real(name, dtype=dtype, device=device)
+        return LoadedModel(loaded.model, TinyChatTokenizer(loaded.tokenizer.vocab_size, loaded.tokenizer.eos_token_id),
+                           loaded.name, loaded.eos_token_ids)
+    monkeypatch.setattr(lp.jobs.runner, "load_model", load)
+
+
+def test_chat_job_records_the_answer_and_the_code_taken_from_it(tmp_path, chat_model):
+    config, out = write_job(tmp_path, PROMPTS, model={"name": TINY_ASCII},
+                            data={"chat_template": True, "response_prefix": "```py"}, baseline={"enabled": True},
+                            generation={"max_new_tokens": 24})
+    assert load_config(config).generation.stop == CHAT_CODE_STOP  # the closing fence, left out in the file
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = read_results(out)
+    loaded = load_model(TINY_ASCII, dtype="float64", device="cpu")
+    for record, prompt in zip(records, PROMPTS):
+        text = loaded.tokenizer.decode(record["token_ids"], skip_special_tokens=True)
+        assert record["response"] == "```py" + text[:len(record["response"]) - 5]
+        assert record["completion"] == chat_completion(record["response"], prompt["prompt"])
+        assert record["baseline_ids_equal"] is True
+        message = chat_message(prompt["prompt"])
+        assert record["prompt_tokens"] == len(f"<user>{message}</user><assistant>```py")
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples == [{"task_id": r["task_id"], "completion": r["completion"]} for r in records]
+
+
+def test_classeval_job_evaluates_with_the_unittest_classes(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
+        "generation": {"max_new_tokens": 6},
+        "data": {"source": "classeval", "path": str(MINI), "limit": 2, "chat_template": False},
+        "output": {"dir": str(tmp_path / "out"), "evaluate": True, "evaluate_timeout_s": 30},
+    }))
+    assert load_config(config).generation.stop == CODE_COMPLETION_STOP  # raw class skeletons
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = read_results(out := tmp_path / "out")
+    assert [r["task_id"] for r in records] == ["ClassEvalMini_0", "ClassEvalMini_1"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["evaluated"] == 2 and summary["passed"] == 0  # random weights do not write the methods
+    outcomes = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert all(o["result"].startswith("failed") for o in outcomes)
+    programs = [r["completion"] for r in records]
+    skeletons = [t["skeleton"] for t in json.loads(MINI.read_text())[:2]]
+    assert summary["parsed"] == sum(bool(c.strip()) and parses(s + c) for s, c in zip(skeletons, programs))
+    assert "completions that parse as Python" in result.stdout and "pass@1 = 0.000 (0/2" in result.stdout
+
+
+def test_classeval_job_without_the_file_fails_with_one_line(tmp_path):
+    config, out = write_job(tmp_path, PROMPTS, data={"source": "classeval", "path": str(tmp_path / "nope.json")})
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ClassEval file not found") and "FudanSELab/ClassEval" in line
+    assert not out.exists()

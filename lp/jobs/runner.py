@@ -9,7 +9,10 @@ model's context, a bad JSONL line) gets an error record and the job goes on.
 Each record is appended to <output.dir>/results.jsonl as soon as it is done
 (flushed and fsynced); when every prompt has a record, summary.json and
 samples.jsonl are written from that file (so a resumed job gets the same
-summary as an uninterrupted one), after the optional HumanEval evaluation.
+summary as an uninterrupted one), after the optional evaluation (HumanEval or
+ClassEval tests). In the chat mode (`data.chat_template`, lp/jobs/code.py) a
+record keeps the whole answer (`response`) and the code taken from it
+(`completion`, what samples.jsonl and the evaluation use).
 
 Under torchrun rank 0 reads the prompts, owns the output directory and sends
 each decodable prompt (its job index and ids) to the other ranks; a prompt it
@@ -25,14 +28,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, lookahead_generate
-from lp.jobs.config import JobConfig
-from lp.jobs.data import DataError, Prompt, load_prompts
+from lp.jobs.code import chat_completion, chat_message, parses
+from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
+from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval
+from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import error_record, result_record, summarize, tokens_per_second
 from lp.models import LoadedModel, load_model
@@ -72,26 +78,53 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         device = str(comm.device) if comm.world > 1 else cfg.model.device
         loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
         if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
-            raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
+            raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template "
+                           f"(for a base model set data.chat_template: false)")
         logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
         if not lead:
             _follow(cfg, loaded, comm)
             return None
         _lead(cfg, loaded, comm, prompts, job, progress)
         records = job.job_records(p.task_id for p in prompts)
-        evaluation = None
-        if cfg.output.evaluate:
-            from lp.jobs.evaluate import evaluate_humaneval
-
-            logger.info("evaluating %d completions (HumanEval tests)", len(records))
-            evaluation = evaluate_humaneval(records, cfg.output.evaluate_timeout_s)
-        summary = summarize(records, cfg, loaded.name, comm, evaluation)
+        evaluation = evaluate(cfg, records) if cfg.output.evaluate else None
+        parsed = parse_checks(cfg, prompts, records) if cfg.data.source in CODE_SOURCES else None
+        summary = summarize(records, cfg, loaded.name, comm, evaluation, parsed)
         job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
                              for r in records if r["finish_reason"] != "error"], evaluation)
         return summary
     finally:
         if job:
             job.close()
+
+
+def evaluate(cfg: JobConfig, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tests of the job's problems run on its completions (HumanEval or ClassEval)."""
+    logger.info("evaluating %d completions (%s tests)", len(records), cfg.data.source)
+    if cfg.data.source == "classeval":
+        return evaluate_classeval(records, read_classeval(Path(cfg.data.path)), standalone(cfg),
+                                  cfg.output.evaluate_timeout_s)
+    return evaluate_humaneval(records, cfg.output.evaluate_timeout_s)
+
+
+def standalone(cfg: JobConfig) -> bool:
+    """Whether a completion is a whole program rather than the prompt's continuation (lp.jobs.evaluate)."""
+    return cfg.data.source == "classeval" and cfg.data.chat_template
+
+
+def parse_checks(cfg: JobConfig, prompts: list[Prompt], records: list[dict[str, Any]]) -> list[bool]:
+    """Per decoded record: the completion holds code (not blank) and its program parses as Python."""
+    text = {p.task_id: p.prompt for p in prompts}
+    return [bool(r["completion"].strip()) and parses(solution(text[r["task_id"]], r["completion"], standalone(cfg)))
+            for r in records if r["finish_reason"] != "error"]
+
+
+def answer(cfg: JobConfig, prompt: Prompt, text: str) -> tuple[str, str]:
+    """(response, completion) of a decoded output: in the chat mode the answer (the response prefix,
+    then the output) and the code taken from it; otherwise the output, twice."""
+    if not cfg.data.chat_template:
+        return text, text
+    response = cfg.data.response_prefix + text
+    return response, chat_completion(response, prompt.prompt)
 
 
 # ---- the prompt loop --------------------------------------------------------------------------------------
@@ -130,7 +163,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
             shared += 1
             if corpus is not None and result.token_ids:
                 corpus.add(result.token_ids)
-            record = result_record(prompt, ids, result, cfg.generation.method, base)
+            record = result_record(prompt, ids, result, cfg.generation.method, base,
+                                   answer=answer(cfg, prompt, result.text))
             job.append(record)
             bar.advance(result)
             logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
@@ -186,14 +220,8 @@ def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
         return None, prompt.error
     if not prompt.prompt:
         return None, "prompt is empty"
-    tok = loaded.tokenizer
     try:
-        if cfg.data.chat_template:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt.prompt}],
-                                           add_generation_prompt=True, tokenize=False)
-            ids = list(tok.encode(text, add_special_tokens=False))
-        else:
-            ids = list(tok.encode(prompt.prompt))
+        ids = prompt_ids(prompt.prompt, loaded.tokenizer, cfg.data)
     except Exception as e:  # noqa: BLE001  (a tokenizer that rejects this text)
         return None, f"cannot tokenize the prompt: {_one_line(e)}"
     if not ids:
@@ -203,6 +231,16 @@ def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
         return ids, (f"prompt has {len(ids)} tokens, more than the model's context of {limit} positions "
                      f"minus generation.max_new_tokens={cfg.generation.max_new_tokens} allows ({max(budget, 0)})")
     return ids, None
+
+
+def prompt_ids(text: str, tokenizer, data: DataSection) -> list[int]:
+    """What the model is given for a prompt: its ids, or in the chat mode the ids of the instruction as
+    the user message of the chat template (with the generation prompt) followed by the response prefix."""
+    if not data.chat_template:
+        return list(tokenizer.encode(text))
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": chat_message(text, data.instruction)}],
+                                         add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(chat + data.response_prefix, add_special_tokens=False))  # the template has BOS
 
 
 def context_limit(model) -> int | None:

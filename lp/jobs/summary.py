@@ -14,13 +14,16 @@ from lp.parallel.dist import Comm
 
 
 def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult, method: str = "lookahead",
-                  baseline: GenerationResult | None = None) -> dict[str, Any]:
-    """One results.jsonl line."""
+                  baseline: GenerationResult | None = None, answer: tuple[str, str] | None = None) -> dict[str, Any]:
+    """One results.jsonl line; `answer` is (response, completion) when they are not both the decoded text
+    (the chat mode)."""
+    response, completion = answer or (result.text, result.text)
     record = {
         "task_id": prompt.task_id,
         "line": prompt.line,
         "prompt_tokens": len(input_ids),
-        "completion": result.text,
+        "response": response,
+        "completion": completion,
         "token_ids": list(result.token_ids),
         "new_tokens": result.new_tokens,
         "forwards": result.forwards,
@@ -54,6 +57,7 @@ def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method
         "task_id": prompt.task_id,
         "line": prompt.line,
         "prompt_tokens": None if input_ids is None else len(input_ids),
+        "response": None,
         "completion": None,
         "token_ids": [],
         "new_tokens": 0,
@@ -67,9 +71,10 @@ def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method
 
 
 def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm,
-              evaluation: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              evaluation: list[dict[str, Any]] | None = None, parsed: list[bool] | None = None) -> dict[str, Any]:
     """Job totals over the decoded records (error records only counted); S is summed tokens over
-    summed forwards (not a mean of per-prompt S)."""
+    summed forwards (not a mean of per-prompt S). `parsed`: per decoded record, whether its completion
+    is code that parses (code sources)."""
     ok = [r for r in records if r["finish_reason"] != "error"]
     tokens = sum(r["new_tokens"] for r in ok)
     forwards = sum(r["forwards"] for r in ok)
@@ -112,6 +117,8 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
             "baseline_ids_equal_fraction": (sum(r["baseline_ids_equal"] for r in compared) / len(compared)
                                             if compared else None),
         })
+    if parsed is not None:
+        summary.update({"parsed": sum(parsed), "parse_fraction": sum(parsed) / len(parsed) if parsed else None})
     if evaluation is not None:
         passed = sum(e["passed"] for e in evaluation)
         summary.update({"evaluated": len(evaluation), "passed": passed,
@@ -163,6 +170,9 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
                      f"speedup {_fmt(summary['speedup'], '.2f')}x, ids equal to the baseline on "
                      f"{_fmt(summary['baseline_ids_equal_fraction'], '.1%')} of {summary['baseline_prompts']} prompts")
+    if "parsed" in summary:
+        lines.append(f"completions that parse as Python: {summary['parsed']}/{n - summary['errors']} "
+                     f"({_fmt(summary['parse_fraction'], '.1%')})")
     if "pass_at_1" in summary:
         lines.append(f"pass@1 = {_fmt(summary['pass_at_1'], '.3f')} ({summary['passed']}/{summary['evaluated']}"
                      f" passed; {job.eval_path})")

@@ -1,0 +1,77 @@
+"""Chat code completion for instruct models: the instruction around a code prompt, where the answer
+stops, and the code taken out of the answer.
+
+An instruct model given a raw code prompt tends to close the code block it believes it is in and
+go on in prose. In the chat mode (`data.chat_template: true`) the prompt goes, in a fenced block,
+into an instruction (`data.instruction`, `{prompt}` marks the place) sent as the user message of
+the tokenizer's chat template, and the assistant's answer is opened with `data.response_prefix`
+(an opening fence by default, so the answer starts inside the code block). Decoding stops at the
+closing fence: CHAT_CODE_STOP is "\\n```", a fence at the start of a line. A bare "```" would also
+hit an answer that opens its own fence at its very start; the default prefix "```python" leaves
+the newline after the language tag to the model, so even an empty block ends in "\\n```".
+
+The record keeps the whole answer (`response`: the prefix, then the decoded output, cut before the
+stop string) and the code that is evaluated (`completion`): the first fenced block of the answer
+(to its closing fence, or to the end when the fence is not closed, as after the stop), or the whole
+answer when it has no fence, preceded by the prompt's import lines that it lacks.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+CODE_INSTRUCTION = "Complete the body of the following Python code:\n```python\n{prompt}\n```"
+RESPONSE_PREFIX = "```python"
+CHAT_CODE_STOP = ("\n```",)
+
+_OPENING = re.compile(r"^[ \t]*```[^`\n]*$", re.M)   # ``` with an optional language tag
+_CLOSING = re.compile(r"^[ \t]*```[ \t]*$", re.M)
+_IMPORT = re.compile(r"^(?:import|from)[ \t]+\S")
+
+
+def chat_message(prompt: str, instruction: str = CODE_INSTRUCTION) -> str:
+    """The user message: the instruction with `{prompt}` replaced by the prompt (trailing blank lines
+    dropped, so the closing fence sits right under the code)."""
+    return instruction.replace("{prompt}", prompt.rstrip())
+
+
+def extract_code(response: str) -> str:
+    """The content of the answer's first fenced block (to its closing fence, or to the end of the
+    answer when the fence is not closed), or the whole answer when it has no fence."""
+    opening = _OPENING.search(response)
+    if opening is None:
+        return response
+    start = min(opening.end() + 1, len(response))  # the line after the fence
+    closing = _CLOSING.search(response, start)
+    return response[start:len(response) if closing is None else closing.start()].rstrip("\n")
+
+
+def import_lines(code: str) -> list[str]:
+    """The top-level import statements of `code` (one line each), in order."""
+    return [line.rstrip() for line in code.splitlines() if _IMPORT.match(line)]
+
+
+def with_imports(code: str, prompt: str) -> str:
+    """`code` preceded by the prompt's import lines it does not contain. Blank code, and code that
+    starts indented (a function body that continues the prompt, which holds the imports), are left
+    as they are."""
+    first = next((line for line in code.splitlines() if line.strip()), "")
+    have = set(import_lines(code))
+    missing = [line for line in import_lines(prompt) if line not in have]
+    if not missing or not first or first[:1] in (" ", "\t"):
+        return code
+    return "\n".join(missing) + "\n\n" + code
+
+
+def chat_completion(response: str, prompt: str) -> str:
+    """What a chat-mode answer contributes as code: the extracted code with the prompt's missing imports."""
+    return with_imports(extract_code(response), prompt)
+
+
+def parses(code: str) -> bool:
+    """Whether `code` is syntactically valid Python (ast.parse; nothing is run)."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: NUL bytes
+        return False
+    return True

@@ -1,0 +1,101 @@
+"""Chat code completion: the instruction, the code taken out of an answer, the prompt's imports."""
+from __future__ import annotations
+
+import pytest
+
+from lp.jobs.code import (CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, chat_completion, chat_message,
+                          extract_code, import_lines, parses, with_imports)
+
+CODE = "def add(a, b):\n    return a + b"
+
+
+def test_fenced_with_a_language_tag():
+    assert extract_code(f"```python\n{CODE}\n```") == CODE
+    assert extract_code(f"```py\n{CODE}\n```\n") == CODE
+
+
+def test_fenced_without_a_language_tag():
+    assert extract_code(f"```\n{CODE}\n```") == CODE
+
+
+def test_no_fence_is_the_whole_answer():
+    assert extract_code(CODE) == CODE
+    assert extract_code("    return a + b\n") == "    return a + b\n"  # a body, kept exactly
+    assert extract_code("") == ""
+
+
+def test_text_before_and_after_the_fence():
+    answer = f"Here is the function:\n\n```python\n{CODE}\n```\n\nIt adds `a` and `b`.\n```\nmore\n```"
+    assert extract_code(answer) == CODE
+
+
+def test_unterminated_fence_runs_to_the_end():
+    assert extract_code(f"```python\n{CODE}") == CODE       # what the stop at "\n```" leaves
+    assert extract_code(f"Sure.\n```python\n{CODE}\n") == CODE
+    assert extract_code("```python") == "" and extract_code("```python\n") == ""
+
+
+def test_only_the_first_block_and_inline_backticks_are_not_fences():
+    answer = f"Use `x`:\n```python\n{CODE}\n```\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(answer) == CODE
+    assert extract_code("call ```add``` here") == "call ```add``` here"  # not at the start of a line
+    assert extract_code("```python\ns = '```'\n```") == "s = '```'"     # a fence is a whole line
+
+
+def test_the_stop_string_is_the_closing_fence_only():
+    (stop,) = CHAT_CODE_STOP
+    prefixed = RESPONSE_PREFIX + f"\n{CODE}\n```\nprose"  # the answer opened by the response prefix
+    generated = prefixed[len(RESPONSE_PREFIX):]
+    assert generated.find(stop) == generated.index("\n```")  # the first hit is the closing fence
+    cut = RESPONSE_PREFIX + generated[:generated.find(stop)]
+    assert extract_code(cut) == CODE
+    # an answer that opens its own fence at its very start is not cut there
+    assert f"```python\n{CODE}".find(stop) == -1
+    # an empty block still ends in the stop string: the prefix leaves the newline to the model
+    assert ("\n```" + "\nprose").find(stop) == 0 and not RESPONSE_PREFIX.endswith("\n")
+
+
+def test_chat_message_puts_the_prompt_in_a_fenced_block():
+    prompt = "from typing import List\n\ndef f(x: List[int]) -> int:\n    \"\"\"Sum.\"\"\"\n\n"
+    message = chat_message(prompt)
+    assert message == CODE_INSTRUCTION.replace("{prompt}", prompt.rstrip())
+    assert extract_code(message) == prompt.rstrip()  # the prompt sits in the first fenced block, intact
+    assert chat_message("x = 1", "Finish: {prompt} now") == "Finish: x = 1 now"
+
+
+PROMPT = "import math\nfrom typing import List\n\n\ndef f(xs: List[float]) -> float:\n    \"\"\"doc\"\"\"\n"
+
+
+def test_import_lines_are_top_level_imports():
+    assert import_lines(PROMPT) == ["import math", "from typing import List"]
+    assert import_lines("def g():\n    import os\nimportant = 1\n") == []
+
+
+def test_missing_imports_are_added():
+    code = "def f(xs: List[float]) -> float:\n    return math.fsum(xs)"
+    done = with_imports(code, PROMPT)
+    assert done == "import math\nfrom typing import List\n\n" + code
+    assert parses(done)
+    partial = "import math\n\n" + code
+    assert with_imports(partial, PROMPT) == "from typing import List\n\n" + partial
+    complete = "import math\nfrom typing import List\n" + code
+    assert with_imports(complete, PROMPT) == complete
+
+
+def test_a_body_continuation_gets_no_imports():
+    body = "    return math.fsum(xs)\n"
+    assert with_imports(body, PROMPT) == body
+    assert with_imports("\n\n" + body, PROMPT) == "\n\n" + body
+
+
+def test_chat_completion_extracts_then_completes_the_imports():
+    response = "```python\ndef f(xs: List[float]) -> float:\n    return sum(xs)"
+    assert chat_completion(response, PROMPT) == ("import math\nfrom typing import List\n\n"
+                                                 "def f(xs: List[float]) -> float:\n    return sum(xs)")
+    assert chat_completion("```python\n", PROMPT) == ""  # an empty block adds no imports
+
+
+@pytest.mark.parametrize("code,ok", [(CODE, True), ("", True), ("def f(:\n", False), ("x = 1.0f", False),
+                                     ("(" * 300 + ")" * 300, False), ("a = 1\0", False)])
+def test_parses(code, ok):
+    assert parses(code) is ok
