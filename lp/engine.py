@@ -118,8 +118,8 @@ class GenerationResult:
     finish_reason: str
     forwards: int
     emitted_per_round: list[int] = field(default_factory=list)
-    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed
-    max_rows_per_round: list[int] = field(default_factory=list)   # rows of the busiest worker
+    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed (ids it packed)
+    max_rows_per_round: list[int] = field(default_factory=list)   # rows the busiest worker fed (gathered)
     decode_seconds: float = 0.0
     host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
     collectives: int = 0            # step-loop collectives (0 with one worker)
@@ -196,12 +196,12 @@ def lookahead_generate(
                 proposed = merge_candidates(
                     lookup.candidates(lookahead.lookup_candidates, lookahead.lookup_tokens), proposed)
         candidates = comm.share_candidates(proposed, width, lookahead.capacity)
+        if warp is not None:     # an LP rank must hold every candidate that shares a first token
+            candidates = group_by_first_token(candidates)   # (before planning: the plan counts rows in this order)
         lengths = tuple(len(c) for c in candidates)
         columns = window.columns if window is not None else 0
         plan = shard_plan(comm.world, columns, len(levels), lengths, len(ordinary))
-        if warp is not None:     # an LP rank must hold every candidate that shares a first token
-            candidates = group_by_first_token(candidates)
-            lengths = tuple(len(c) for c in candidates)
+        if warp is not None:
             plan = snap_to_groups(plan, group_starts(candidates), lengths)
         mine = plan[comm.rank]
         guesses = candidates[mine.candidates.start:mine.candidates.stop]
@@ -226,7 +226,7 @@ def lookahead_generate(
             head = torch.tensor([sampled.emitted[0], sampled.hits, sampled.survivor])
             after = torch.tensor((sampled.emitted[1:] + [0] * width)[:width])
         deep = predicted[torch.tensor([at[r] for r in rnd.deep_rows], dtype=torch.long, device=device)]
-        payload = pack_payload(head, after, deep, deep_slots)
+        payload = pack_payload(head, after, deep, deep_slots, ids.shape[1])   # rows really fed
         decision = decide(comm.all_gather(payload).tolist(), width)   # the round's one sync
         forward_seconds = time.perf_counter() - forward_start
 
@@ -256,8 +256,8 @@ def lookahead_generate(
 
         result.forwards += 1
         result.emitted_per_round.append(len(emitted))
-        result.rows_per_round.append(mine.rows)
-        result.max_rows_per_round.append(max(sh.rows for sh in plan))
+        result.rows_per_round.append(ids.shape[1])
+        result.max_rows_per_round.append(max(decision.rows))
         result.host_seconds += time.perf_counter() - round_start - forward_seconds
 
     result.decode_seconds = time.perf_counter() - start

@@ -11,18 +11,28 @@ def test_hits_per_candidate():
     assert greedy_hits(T(5), guesses, preds).tolist() == [2, 3, 0, 1]
 
 
-def payload(z, guesses, preds, first=0, deep=(), s=3, slots=4):
+def payload(z, guesses, preds, first=0, deep=(), s=3, slots=4, rows=1):
     head, after = greedy_verdict(T(z), T(guesses).view(-1, s), T(preds).view(-1, s), first)
-    return pack_payload(head, after, T(list(deep)), slots).tolist()
+    return pack_payload(head, after, T(list(deep)), slots, rows).tolist()
 
 
 def test_payload_layout_and_bonus_token():
-    p = payload(5, [[5, 6, 7], [5, 6, 9]], [[6, 7, 8], [6, 7, 8]], first=10, deep=[1, 2])
-    assert p[:HEADER] == [5, 3, 10, 2]          # all 3 guesses of candidate 10 match
+    p = payload(5, [[5, 6, 7], [5, 6, 9]], [[6, 7, 8], [6, 7, 8]], first=10, deep=[1, 2], rows=9)
+    assert p[:HEADER] == [5, 3, 10, 2, 9]       # all 3 guesses of candidate 10 match; 9 rows fed
     assert p[HEADER:HEADER + 3] == [6, 7, 8]    # ...and 8 is the free 4th token
     assert p[HEADER + 3:] == [1, 2, -1, -1]
     d = decide([p], 3)
     assert d.emitted == [5, 6, 7, 8] and d.hits == 3 and d.candidate == 10 and d.deepest == [1, 2]
+    assert d.rows == [9]
+
+
+def test_every_rank_learns_every_ranks_fed_rows():
+    """The rows each rank fed travel in the payload, so every rank knows the busiest one."""
+    a = payload(5, [[5, 1, 0]], [[9, 0, 0]], first=0, deep=[1], rows=7)
+    b = payload(5, [], [], deep=[2, 3], rows=12)
+    c = payload(5, [[5, 6, 7]], [[6, 1, 0]], first=1, rows=4)
+    d = decide([a, b, c], 3)
+    assert d.rows == [7, 12, 4] and d.deepest == [1, 2, 3] and d.emitted == [5, 6, 1]
 
 
 def test_no_candidates_emits_next_token():

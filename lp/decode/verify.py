@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-HEADER = 4   # payload: z*, best hits, best global candidate index, deepest-output count
+HEADER = 5   # payload: z*, best hits, best global candidate index, deepest-output count, rows fed
 
 
 def padded(rows: Sequence[Sequence[int]], width: int, fill: int) -> torch.Tensor:
@@ -44,12 +44,12 @@ def greedy_verdict(next_token: torch.Tensor, guesses: torch.Tensor, predictions:
 
 
 def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
-                 deep_slots: int) -> torch.Tensor:
+                 deep_slots: int, rows: int) -> torch.Tensor:
     """One worker's fixed-size int64 payload: [z, hits, global candidate index,
-    deepest count, `width` tokens emitted after z (the first `hits` are valid),
-    deepest outputs padded to `deep_slots`]."""
+    deepest count, rows this worker fed to its forward, `width` tokens emitted
+    after z (the first `hits` are valid), deepest outputs padded to `deep_slots`]."""
     device = deepest.device
-    count = torch.tensor([deepest.numel()], dtype=torch.long, device=device)
+    count = torch.tensor([deepest.numel(), rows], dtype=torch.long, device=device)
     pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
     return torch.cat([head.to(device), count, emitted_after.to(device), deepest, pad])
 
@@ -59,6 +59,7 @@ class Decision(NamedTuple):
     hits: int
     candidate: int          # global index of the winning candidate (-1: none)
     deepest: list[int]      # deepest-level outputs of the whole window, in column order
+    rows: list[int]         # rows each worker fed to its forward, in rank order
 
 
 def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
@@ -75,7 +76,8 @@ def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
         if best is None or (hits, -index) > (best[1], -best[2]):
             best = row
     deepest = [t for row in payloads for t in row[HEADER + width:HEADER + width + row[3]]]
+    rows = [row[4] for row in payloads]
     if best is None:
-        return Decision([z], 0, -1, deepest)
+        return Decision([z], 0, -1, deepest, rows)
     hits = best[1]
-    return Decision([z] + list(best[HEADER:HEADER + hits]), hits, best[2], deepest)
+    return Decision([z] + list(best[HEADER:HEADER + hits]), hits, best[2], deepest, rows)

@@ -188,7 +188,7 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
         head, after = greedy_verdict(predicted[0], padded(cand, s, -1).to(device),
                                      predicted[padded(cand_rows, s, 0).to(device)], 0)
         deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
-        payload = pack_payload(head, after, deep, deep_slots)
+        payload = pack_payload(head, after, deep, deep_slots, rows)
         decide(payload[None].tolist(), s)
         times.append(time.perf_counter() - t)
     return statistics.median(times[3:])

@@ -92,7 +92,8 @@ def _split(world, columns, depth, prefix, ordinary, bound):
 
 def snap_to_groups(plan: tuple[Shard, ...], starts: list[int], lengths: tuple[int, ...]) -> tuple[Shard, ...]:
     """Move each rank's candidate cut to the nearest group start (ties: the earlier),
-    so that candidates of one group stay on one rank."""
+    so that candidates of one group stay on one rank. `plan` must have been made for
+    these `lengths` in this order (each rank's rows are recounted from them)."""
     cuts, first = [], 0
     for sh in plan[:-1]:
         want = sh.candidates.stop
