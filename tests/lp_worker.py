@@ -1,5 +1,8 @@
 """A torchrun worker for the LP tests: decodes the cases of a JSON spec with the
-real process group and writes what it saw to <out>/rank<r>.json.
+real process group and writes what it saw to <out>/rank<r>.json: per case the
+tokens, the collectives it issued, the rows it fed per round and, per round,
+the shard plan the engine followed (recorded by wrapping lp.engine's
+shard_plan and snap_to_groups, so a test can hold the rows fed to the plan).
 
     torchrun --nproc 3 tests/lp_worker.py SPEC.json OUT_DIR
 """
@@ -11,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import lp.engine
 from lp.parallel.dist import init_distributed, shutdown
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import tiny_random_llama
@@ -37,6 +41,30 @@ def count_collectives():
         setattr(dist, name, wrapped)
 
 
+plans = []   # one entry per round: the plan the engine used, and what one worker would feed
+
+
+def shares(plan):
+    return [[sh.rows, sh.candidates.start, sh.candidates.stop] for sh in plan]
+
+
+def record_plans():
+    """Wrap the engine's shard_plan (once per round) and snap_to_groups (sampling)."""
+    plan_fn, snap_fn = lp.engine.shard_plan, lp.engine.snap_to_groups
+
+    def planned(world, columns, depth, lengths, ordinary=1):
+        plan = plan_fn(world, columns, depth, lengths, ordinary)
+        plans.append(dict(plan=shares(plan), raw=shares(plan), candidates=len(lengths),
+                          whole=plan_fn(1, columns, depth, lengths, ordinary)[0].rows))
+        return plan
+
+    def snapped(plan, starts, lengths):
+        out = snap_fn(plan, starts, lengths)
+        plans[-1].update(plan=shares(out), groups=len(starts) - 1)
+        return out
+    lp.engine.shard_plan, lp.engine.snap_to_groups = planned, snapped
+
+
 def params(case) -> LookaheadParams:
     """A case's lookahead settings: W, N, G plus optional lookup keys."""
     return LookaheadParams(case["w"], case["n"], case["g"], **case.get("lookup", {}))
@@ -46,17 +74,21 @@ def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     comm = init_distributed("gloo", timeout_s=60)
-    model = tiny_random_llama(**spec["model"]).model.double()
+    loaded = tiny_random_llama(**spec["model"])
+    model = loaded.model.double()
     count_collectives()
+    record_plans()
     results = []
     for case in spec["cases"]:
         before = Counter(calls)
-        gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
-        r = lookahead_generate(model, case["prompt"], params(case), gen,
-                               eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0))
+        plans.clear()
+        gen = GenerationParams(case["max_new"], stop=tuple(case.get("stop", ())), **case.get("sampling", {}))
+        r = lookahead_generate(model, case["prompt"], params(case), gen, eos_token_ids=case.get("eos", []),
+                               tokenizer=loaded.tokenizer, comm=comm, request=case.get("request", 0))
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
-                            forwards=r.forwards, calls=dict(calls - before), collectives=r.collectives,
-                            bytes=r.bytes_moved, rows=r.rows_per_round, max_rows=r.max_rows_per_round))
+                            text=r.text, forwards=r.forwards, calls=dict(calls - before),
+                            collectives=r.collectives, bytes=r.bytes_moved, rows=r.rows_per_round,
+                            max_rows=r.max_rows_per_round, plans=list(plans)))
     Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(dict(world=comm.world, results=results)))
     shutdown()
 
