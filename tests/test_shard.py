@@ -1,9 +1,11 @@
-"""Shard plan: coverage, order, exact balance against brute force, edge cases."""
+"""Shard plan: coverage, order, exact balance against brute force, edge cases; snapping
+the candidate cuts to first-token groups (sampling)."""
 import itertools
+import random
 
 import pytest
 
-from lp.parallel.shard import block_rows, shard_plan
+from lp.parallel.shard import Shard, block_rows, shard_plan, snap_to_groups
 
 
 def brute_force_best(world, columns, depth, lengths, ordinary):
@@ -68,3 +70,70 @@ def test_single_rank_takes_everything():
 
 def test_deterministic():
     assert shard_plan(3, 10, 4, (4,) * 7, 2) == shard_plan.__wrapped__(3, 10, 4, (4,) * 7, 2)
+
+
+# ---------------------------------------------------------------- snap_to_groups (sampling under LP)
+
+def candidate_plan(cuts, lengths, ordinary=1):
+    """A window-free plan whose rank k holds candidates [cuts[k], cuts[k+1])."""
+    return tuple(Shard(range(0), range(a, b), ordinary + sum(lengths[a:b])) for a, b in zip(cuts, cuts[1:]))
+
+
+def bounds(plan):
+    return [plan[0].candidates.start] + [sh.candidates.stop for sh in plan]
+
+
+@pytest.mark.parametrize("raw,starts,snapped", [
+    # several boundaries, worked by hand: 2 is a group start; 4 is as near 3 as 5 (ties: the
+    # earlier); 7 is nearer 8 than 5
+    ([0, 2, 4, 7, 9], [0, 2, 3, 5, 8, 9], [0, 2, 3, 8, 9]),
+    # a group (0..4) larger than a rank's share: it lands whole on one rank, the next rank gets none
+    ([0, 2, 4, 6], [0, 5, 6], [0, 0, 5, 6]),
+    # a single group: every candidate on one rank (the cut nearest each raw cut, never going back)
+    ([0, 2, 4, 6], [0, 6], [0, 0, 6, 6]),
+    ([0, 5, 6], [0, 6], [0, 6, 6]),
+    # cuts already on group starts stay
+    ([0, 1, 3, 4], [0, 1, 3, 4], [0, 1, 3, 4]),
+    # no candidates at all
+    ([0, 0, 0], [0], [0, 0, 0]),
+])
+def test_snap_worked_examples(raw, starts, snapped):
+    lengths = tuple(range(1, raw[-1] + 1))        # distinct lengths: rows show which candidates moved
+    out = snap_to_groups(candidate_plan(raw, lengths, ordinary=3), starts, lengths)
+    assert bounds(out) == snapped
+    assert [sh.rows for sh in out] == [3 + sum(lengths[a:b]) for a, b in zip(snapped, snapped[1:])]
+
+
+def groups_of(first_tokens):
+    """Group starts (plus the end) of candidates whose first tokens are `first_tokens`."""
+    return [i for i in range(len(first_tokens)) if i == 0 or first_tokens[i] != first_tokens[i - 1]] \
+        + [len(first_tokens)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_snap_keeps_groups_whole_on_random_plans(seed):
+    """On balanced plans (window and candidates) of 2-6 ranks: each rank keeps its columns,
+    every cut is a group start, no group is split, each cut is the group start nearest the
+    plan's cut among those not before the previous cut (ties: the earlier), and every
+    rank's rows are recomputed for the candidates it now holds."""
+    rng = random.Random(seed)
+    world, columns, depth, ordinary = rng.randint(2, 6), rng.randint(0, 8), rng.randint(1, 4), rng.randint(1, 5)
+    lengths = tuple(rng.randint(1, 10) for _ in range(rng.randint(0, 14)))
+    first = sorted(rng.choices(range(rng.randint(1, 5)), k=len(lengths)))   # grouped first tokens
+    starts = groups_of(first)
+    plan = shard_plan(world, columns, depth, lengths, ordinary)
+    out = snap_to_groups(plan, starts, lengths)
+    check_plan(out, world, columns, len(lengths))
+    assert [sh.columns for sh in out] == [sh.columns for sh in plan]
+    cuts = bounds(out)
+    assert set(cuts) <= set(starts)
+    for c in range(1, len(lengths)):
+        if first[c] == first[c - 1]:      # same group: same rank
+            assert next(k for k, sh in enumerate(out) if c in sh.candidates) == \
+                next(k for k, sh in enumerate(out) if c - 1 in sh.candidates)
+    for k in range(world - 1):
+        want, allowed = plan[k].candidates.stop, [b for b in starts if b >= cuts[k]]
+        assert (abs(cuts[k + 1] - want), cuts[k + 1]) == min((abs(b - want), b) for b in allowed)
+    for sh in out:
+        assert sh.rows == (ordinary + block_rows(sh.columns.start, sh.columns.stop, depth)
+                           + sum(lengths[sh.candidates.start:sh.candidates.stop]))
