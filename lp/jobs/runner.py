@@ -12,7 +12,7 @@ samples.jsonl are written from that file (so a resumed job gets the same
 summary as an uninterrupted one), after the optional HumanEval evaluation.
 
 Under torchrun rank 0 reads the prompts, owns the output directory and sends
-each decodable prompt (its job index and ids) to the other ranks; a prompt it
+each decodable prompt (its request id, a hash of the task id, and its ids) to the other ranks; a prompt it
 rejects is never sent, so the others are unaffected. Before the model is
 loaded rank 0 sends one go/stop message, so a startup error on rank 0 ends
 the other ranks at once instead of at the collective timeout. Every rank runs
@@ -30,7 +30,7 @@ from typing import Any
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.config import JobConfig
-from lp.jobs.data import DataError, Prompt, load_prompts
+from lp.jobs.data import DataError, Prompt, load_prompts, request_id
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import error_record, result_record, summarize, tokens_per_second
 from lp.models import LoadedModel, load_model
@@ -98,7 +98,6 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
           progress: bool) -> None:
     """Rank 0: decode (and share) every prompt without a record, append each record."""
-    index = {p.task_id: i for i, p in enumerate(prompts, start=cfg.data.offset)}
     todo = [p for p in prompts if p.task_id not in job.records]
     if job.kept:
         logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
@@ -114,8 +113,9 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                 logger.warning("%s: error: %s", prompt.task_id, error)
                 bar.advance()
                 continue
-            comm.share_ids([index[prompt.task_id], *ids])
-            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared)
+            request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
+            comm.share_ids([request, *ids])
+            result, base = decode(cfg, loaded, ids, comm, request, shared)
             shared += 1
             record = result_record(prompt, ids, result, cfg.generation.method, base)
             job.append(record)
@@ -133,7 +133,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
-    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work."""
+    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work
+    (each message is the request id, then the prompt ids)."""
     shared = 0
     while (message := comm.share_ids(None)) is not None:
         decode(cfg, loaded, message[1:], comm, message[0], shared)
