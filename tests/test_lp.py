@@ -45,13 +45,14 @@ def single(model, case):
 
 def stop_cut(base, full, tokenizer, longer_than=2):
     """A stop string that the uncut run `full` completes strictly inside a round that emits
-    more than `longer_than` (>= 2) tokens: after the round's first accepted guess, before its last token. The
-    case carries what the one-token-at-a-time reference gives: a StopChecker fed the uncut
-    output token by token (ids up to the completing token, text cut before the string)."""
+    more than `longer_than` (>= 2) tokens: after the round's first accepted guess, before its
+    last token. The case carries what the one-token-at-a-time reference gives, a StopChecker
+    fed the uncut output token by token: the ids up to the completing token, the text cut
+    before the string, and the rounds (the cut round ends at the completing token)."""
     done = 0
     for k, e in enumerate(full.emitted_per_round):
-        for j in range(1, e - 1 if e > longer_than else 1):   # the token completing the stop string: done + j
-            end = done + j
+        for j in range(1, e - 1) if e > longer_than else ():
+            end = done + j                       # the token that would complete the stop string
             for size in (2, 1, 3, 4, 6, 8):      # spanning token boundaries first; longer ones are rarer
                 stop = tokenizer.decode(full.token_ids[max(end - size + 1, 0):end + 1], skip_special_tokens=True)
                 if not stop:
