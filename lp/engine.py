@@ -46,8 +46,8 @@ class GenerationResult:
     finish_reason: str
     forwards: int
     emitted_per_round: list[int] = field(default_factory=list)
-    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed
-    max_rows_per_round: list[int] = field(default_factory=list)   # rows of the busiest worker
+    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed (the round it packed)
+    max_rows_per_round: list[int] = field(default_factory=list)   # rows the busiest worker fed (gathered)
     decode_seconds: float = 0.0
     host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
     collectives: int = 0            # step-loop collectives (0 with one worker)
@@ -173,7 +173,7 @@ def lookahead_generate(
             after = torch.tensor((sampled.emitted[1:] + [0] * width)[:width])
             path = torch.tensor(([u - nodes.start for u in tree.path(sampled.node)] + [0] * width)[:width]) \
                 if sampled.hits else torch.zeros(width, dtype=torch.long)
-        payload = pack_payload(head, after, predicted[1:1 + deep], deep_slots)
+        payload = pack_payload(head, after, predicted[1:1 + deep], deep_slots, len(rnd))   # rows really fed
         frontier = cached + len(ordinary)
         if comm.world == 1 and len(nodes):       # the accepted path's K/V to the frontier, on the device
             step = torch.arange(width, device=device)
@@ -205,7 +205,7 @@ def lookahead_generate(
         result.forwards += 1
         result.emitted_per_round.append(len(emitted))
         result.rows_per_round.append(len(rnd))
-        result.max_rows_per_round.append(max(sh.rows for sh in plan))
+        result.max_rows_per_round.append(max(decision.rows))
         result.host_seconds += time.perf_counter() - round_start - forward_seconds
 
     result.decode_seconds = time.perf_counter() - start

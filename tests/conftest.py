@@ -1,7 +1,27 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
-from lp.models import tiny_random_llama
+from lp.models import load_model, tiny_random_llama
+
+_cache_dir = None
+
+
+def pytest_configure(config):
+    """Converted models (the embedded GGUF) go to one temporary directory for the whole session,
+    never to the user's ~/.cache/lp: lp.models reads LP_CACHE_DIR, and every process a test
+    starts inherits it, so the conversion happens once per session."""
+    global _cache_dir
+    _cache_dir = tempfile.mkdtemp(prefix="lp-test-cache-")
+    os.environ["LP_CACHE_DIR"] = _cache_dir
+
+
+def pytest_unconfigure(config):
+    if _cache_dir:
+        shutil.rmtree(_cache_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,3 +40,10 @@ def tiny_model64():
     """A seeded random Llama in float64 (exactness tests)."""
     torch.set_num_threads(min(2, torch.get_num_threads()))
     return tiny_random_llama(vocab=64, seed=0).model.double()
+
+
+@pytest.fixture(scope="session")
+def smollm2_f64():
+    """The embedded SmolLM2-135M in float64 (exactness), loaded once for every test that needs it."""
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return load_model("smollm2-135m", dtype="float64", device="cpu")

@@ -1,5 +1,8 @@
 """A torchrun worker for the LP tests: decodes the cases of a JSON spec with the
-real process group and writes what it saw to <out>/rank<r>.json.
+real process group and writes what it saw to <out>/rank<r>.json: per case the
+tokens, the collectives it issued, the rows it fed per round and, per round,
+the shard plan the engine followed (recorded by wrapping lp.engine's
+shard_plan, so a test can hold the rows fed to the plan).
 
     torchrun --nproc 3 tests/lp_worker.py SPEC.json OUT_DIR
 """
@@ -11,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import lp.engine
 from lp.decode.device import Uploader
 from lp.decode.propose import SUFFIX_NGRAM
 from lp.decode.suffix import SuffixIndex
@@ -39,6 +43,26 @@ def count_collectives():
             calls[_name] += 1
             return _fn(*args, **kwargs)
         setattr(dist, name, wrapped)
+
+
+plans = []   # one entry per round: the plan the engine used, and what one worker would feed
+
+
+def shares(plan):
+    return [[sh.rows, sh.subtrees.start, sh.subtrees.stop] for sh in plan]
+
+
+def record_plans():
+    """Wrap the engine's shard_plan (once per round): each rank's planned share, and the
+    rows one worker would feed for the same round."""
+    plan_fn = lp.engine.shard_plan
+
+    def planned(world, columns, depth, units, ordinary=1):
+        plan = plan_fn(world, columns, depth, units, ordinary)
+        plans.append(dict(plan=shares(plan), subtrees=len(units), columns=columns,
+                          whole=plan_fn(1, columns, depth, units, ordinary)[0].rows))
+        return plan
+    lp.engine.shard_plan = planned
 
 
 def params(case) -> LookaheadParams:
@@ -70,23 +94,27 @@ def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     comm = init_distributed("gloo", timeout_s=60)
-    model = tiny_random_llama(**spec["model"]).model.double()
+    loaded = tiny_random_llama(**spec["model"])
+    model = loaded.model.double()
     count_collectives()
     count_uploads()
+    record_plans()
     results = []
     for case in spec["cases"]:
         before = Counter(calls)
-        gen = GenerationParams(case["max_new"], **case.get("sampling", {}))
+        plans.clear()
+        gen = GenerationParams(case["max_new"], stop=tuple(case.get("stop", ())), **case.get("sampling", {}))
         with HostWaits() as waits:
             r = lookahead_generate(model, case["prompt"], params(case), gen,
-                                   eos_token_ids=case.get("eos", []), comm=comm, request=case.get("request", 0),
-                                   corpus=corpus(case), sampling_on_device=case.get("on_device"))
+                                   eos_token_ids=case.get("eos", []), tokenizer=loaded.tokenizer, comm=comm,
+                                   request=case.get("request", 0), corpus=corpus(case),
+                                   sampling_on_device=case.get("on_device"))
         done = calls - before
         results.append(dict(tokens=r.token_ids, emitted=r.emitted_per_round, finish=r.finish_reason,
-                            forwards=r.forwards, calls={k: v for k, v in done.items() if k != "upload"},
+                            text=r.text, forwards=r.forwards, calls={k: v for k, v in done.items() if k != "upload"},
                             uploads=done["upload"], reads=dict(waits.reads), our_copies=ours(waits.uploads),
                             collectives=r.collectives, bytes=r.bytes_moved, rows=r.rows_per_round,
-                            max_rows=r.max_rows_per_round))
+                            max_rows=r.max_rows_per_round, plans=list(plans)))
     Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(dict(world=comm.world, results=results)))
     shutdown()
 

@@ -16,8 +16,9 @@ from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, Jo
 from lp.engine import LookaheadParams
 from lp.run import main
 
-DEFAULT_JOB = "configs/humaneval-smollm2.yaml"
-SHIPPED = sorted(str(p) for p in Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_JOB = str(ROOT / "configs" / "humaneval-smollm2.yaml")
+SHIPPED = sorted(str(p) for p in ROOT.glob("configs/*.yaml"))
 
 # (id, config mapping, --set overrides, key path the message must name)
 BAD = [

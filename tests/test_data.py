@@ -125,7 +125,8 @@ def test_jsonl_undecodable_bytes_do_not_stop_the_job(tmp_path):
     assert [(p.task_id, p.error is None) for p in jsonl(path)] == [("a", True), ("<line 2>", False), ("b", True)]
 
 
-def test_shipped_example_prompts():
+def test_shipped_example_prompts(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])   # its data.path is relative to where the job runs
     cfg = load_config("configs/example-jsonl.yaml")
     prompts = load_prompts(cfg.data)
     assert len(prompts) == 3 and len({p.task_id for p in prompts}) == 3

@@ -103,6 +103,18 @@ def test_column_block_feeds_earlier_base_cells():
     assert [names[i] for i in rnd.deep_rows] == ["u2,2"]
 
 
+@pytest.mark.parametrize("start", [0, 2, 3])
+def test_empty_column_block_feeds_no_window_rows(start):
+    """A rank whose block holds no column (W < P) feeds only the ordinary rows and its
+    candidates, as the shard plan counts it (block_rows of an empty block is 0)."""
+    from lp.parallel.shard import block_rows
+
+    for levels in (LEVELS_N4_W3, [[11, 12, 13]]):
+        rnd = build_round([8, 9], 20, levels, tree_of([(4, 5)]), columns=range(start, start))
+        assert [name(r) for r in rnd.rows] == ["o0", "o1", "v0,0", "v0,1"] and rnd.deep_rows == []
+        assert len(rnd) == 2 + block_rows(start, start, len(levels)) + 2
+
+
 def causal_last_logits(model, tokens):
     out = model(input_ids=torch.tensor([tokens]))
     return out.logits[0, -1]

@@ -1,5 +1,7 @@
 """Lookahead Parallelism with real gloo process groups (torchrun), float64 tiny Llama:
-every world size gives the single-worker tokens AND per-round emitted counts."""
+every world size gives the single-worker tokens AND per-round emitted counts, each
+rank feeds exactly its share of the shard plan, and stop strings, EOS and
+max_new_tokens cut multi-token rounds exactly as one worker does."""
 import itertools
 import json
 import os
@@ -12,8 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from lp.decode.stopping import StopChecker
 from lp.engine import GenerationParams, lookahead_generate
-from lp.models import tiny_random_llama
+from lp.models import TinyTokenizer, tiny_random_llama
 from lp_worker import corpus, params
 from test_exactness import SPAN_PROMPTS, fresh_eos
 
@@ -51,22 +54,60 @@ def lookup_case(prompt, cfg, max_new=NEW):
 def single(model, case):
     """The one-worker run of a case (as tests/lp_worker.py runs it under torchrun)."""
     return lookahead_generate(model, case["prompt"], params(case),
-                              GenerationParams(case["max_new"], **case.get("sampling", {})),
-                              eos_token_ids=case.get("eos", []), request=case.get("request", 0),
-                              corpus=corpus(case))
+                              GenerationParams(case["max_new"], stop=tuple(case.get("stop", ())),
+                                               **case.get("sampling", {})),
+                              eos_token_ids=case.get("eos", []), tokenizer=TinyTokenizer(model.config.vocab_size),
+                              request=case.get("request", 0), corpus=corpus(case))
+
+
+def stop_cut(base, full, tokenizer, longer_than=2):
+    """A stop string that the uncut run `full` completes strictly inside a round that emits
+    more than `longer_than` (>= 2) tokens: after the round's first accepted guess, before its
+    last token. The case carries what the one-token-at-a-time reference gives, a StopChecker
+    fed the uncut output token by token: the ids up to the completing token, the text cut
+    before the string, and the rounds (the cut round ends at the completing token)."""
+    done = 0
+    for k, e in enumerate(full.emitted_per_round):
+        for j in range(1, e - 1) if e > longer_than else ():
+            end = done + j                       # the token that would complete the stop string
+            for size in (2, 1, 3, 4, 6, 8):      # spanning token boundaries first; longer ones are rarer
+                stop = tokenizer.decode(full.token_ids[max(end - size + 1, 0):end + 1], skip_special_tokens=True)
+                if not stop:
+                    continue
+                ref = StopChecker([], base["max_new"], (stop,), tokenizer)
+                for token in full.token_ids:
+                    if ref.push(token):
+                        break
+                if ref.reason == "stop" and len(ref.tokens) == end + 1:
+                    return dict(base, stop=[stop], expect=dict(
+                        tokens=ref.tokens, text=ref.text, emitted=full.emitted_per_round[:k] + [j + 1], uncut=e))
+        done += e
+    return None
+
+
+def check_stop_cut(case, r):
+    """A stop case ended as the one-token-at-a-time reference says, inside its long round."""
+    expect = case["expect"]
+    assert r.finish_reason == "stop", case
+    assert r.token_ids == expect["tokens"] and r.text == expect["text"], case
+    assert r.emitted_per_round == expect["emitted"], case   # the last round was cut after its j-th guess
 
 
 def cut_cases(model, bases=None):
-    """max_new_tokens and EOS falling inside a multi-token round, and inside a lookup
-    round that emits more than N tokens (greedy by default, or the given `bases`)."""
+    """max_new_tokens, EOS and a stop string falling inside a multi-token round, and inside
+    a lookup round that emits more than N tokens (greedy by default, or the given `bases`)."""
     if bases is None:
         bases = [dict(prompt=p, w=w, n=n, g=g, max_new=NEW) for w, n, g in [(5, 5, 15), (2, 4, 5)] for p in PROMPTS]
         bases += [lookup_case(p, cfg) for cfg in LOOKUP_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
         bases += [tree_case(model, p, cfg) for cfg in TREE_CONFIGS[:2] for p in PROMPTS + SPAN_PROMPTS]
     cases = []
+    tokenizer = TinyTokenizer(model.config.vocab_size)
     for base in bases:
         r = single(model, base)
         long = "lookup" in base   # lookup or tree cases: rounds may emit more than N tokens
+        stop = stop_cut(base, r, tokenizer, base["n"] if long else 2)
+        if stop is not None:
+            cases.append(stop)
         done = 0
         for e in r.emitted_per_round:
             if e > (base["n"] if long else 1):
@@ -95,6 +136,40 @@ def cases_and_reference():
     return cases, [single(model, c) for c in cases]
 
 
+def test_stop_strings_cut_inside_a_long_round(cases_and_reference):
+    """One worker, greedy: a stop string completed inside an accepted multi-token round (also
+    one longer than N, from lookup) ends the output where the one-token-at-a-time reference
+    does; the world sizes below give the same (test_world_sizes_match_single_worker)."""
+    cases, reference = cases_and_reference
+    stops = [(c, r) for c, r in zip(cases, reference) if "stop" in c]
+    for case, r in stops:
+        check_stop_cut(case, r)
+    assert len(stops) >= 10
+    assert sum(c["expect"]["uncut"] > c["n"] for c, _ in stops if "lookup" in c) >= 3
+
+
+def check_rows_follow_plan(ranks, i, greedy=True):
+    """Case i, every round: each rank fed exactly its share of the plan (the rows it packed,
+    not the plan's figure) and every rank reports the busiest rank's real rows. Returns the
+    rounds in which the busiest rank fed fewer rows than one worker would feed in that
+    round (the same ordinary rows plus every window cell and every tree node); greedy, that
+    must hold in every round with at least two root subtrees (the plan's units)."""
+    got = [rank["results"][i] for rank in ranks]
+    split = 0
+    for t, plan in enumerate(got[0]["plans"]):
+        fed = [g["rows"][t] for g in got]
+        assert all(g["plans"][t] == plan for g in got)               # every rank follows one plan
+        assert fed == [share[0] for share in plan["plan"]], (i, t)
+        assert all(g["max_rows"][t] == max(fed) for g in got), (i, t)
+        if len(ranks) == 1:
+            assert fed == [plan["whole"]]
+        elif greedy and plan["subtrees"] >= 2:
+            assert max(fed) < plan["whole"], (i, t)
+        split += max(fed) < plan["whole"]
+    assert len(got[0]["plans"]) == got[0]["forwards"]
+    return split
+
+
 def torchrun(nproc, spec, tmp_path):
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -113,15 +188,18 @@ def test_world_sizes_match_single_worker(nproc, cases_and_reference, tmp_path):
     cases, reference = cases_and_reference
     ranks = torchrun(nproc, {"model": MODEL, "cases": cases}, tmp_path)
     assert all(r["world"] == nproc for r in ranks)
-    accepted_multi = 0
+    accepted_multi = split = 0
     for i, (case, ref) in enumerate(zip(cases, reference)):
         for rank in ranks:
             got = rank["results"][i]
             assert got["tokens"] == ref.token_ids, (nproc, case)
             assert got["emitted"] == ref.emitted_per_round, (nproc, case)
-            assert got["finish"] == ref.finish_reason
+            assert got["finish"] == ref.finish_reason and got["text"] == ref.text
         accepted_multi += sum(e > 1 for e in ref.emitted_per_round)
+        split += check_rows_follow_plan(ranks, i)   # the work really is split as planned
     assert accepted_multi > 20
+    if nproc > 1:
+        assert split > 100
     assert any(max(ref.emitted_per_round) > case["n"] for case, ref in zip(cases, reference) if "lookup" in case)
 
 
@@ -147,41 +225,88 @@ def test_collectives_per_round(cases_and_reference, tmp_path):
                              {"lp/engine.py": rounds, "lp/parallel/dist.py": rounds}), got["reads"]
 
 
-def test_sampling_two_workers_match_one(tmp_path):
-    """Same seed and request: P = 2 draws exactly the P = 1 samples (so they share its
-    distribution, checked against the model's own joint in test_sampling.py)."""
-    from test_sampling import LOOKUP_SAMPLING_PROMPTS, PROMPT, chi_square_p, exact_joint
+SAMPLING_MODEL = {"vocab": 8, "seed": 2}
+SAMPLING = {"temperature": 1.3, "top_k": 5, "top_p": 0.9, "seed": 11}
+CHI = 1500   # the first cases: 3 tokens of one prompt under CHI requests, for the chi-square test
 
-    model_spec = {"vocab": 8, "seed": 2}
-    model = tiny_random_llama(**model_spec).model.double()
-    sampling = {"temperature": 1.3, "top_k": 5, "top_p": 0.9, "seed": 11}
-    n = 1500
-    cases = [dict(prompt=PROMPT, w=3, n=3, g=4, max_new=3, sampling=sampling, request=i) for i in range(n)]
-    cases += [dict(prompt=[t % 8 for t in p], w=w, n=nn, g=g, max_new=24, sampling=sampling, request=f"long{i}")
+
+@pytest.fixture(scope="module")
+def sampling_cases():
+    """Sampled cases and their one-worker runs: CHI short runs of one prompt (the chi-square
+    sample), long runs, lookup runs (rounds longer than N) and their cuts by max_new_tokens,
+    EOS and stop strings."""
+    from test_sampling import LOOKUP_SAMPLING_PROMPTS, PROMPT
+
+    model = tiny_random_llama(**SAMPLING_MODEL).model.double()
+    cases = [dict(prompt=PROMPT, w=3, n=3, g=4, max_new=3, sampling=SAMPLING, request=i) for i in range(CHI)]
+    cases += [dict(prompt=[t % 8 for t in p], w=w, n=nn, g=g, max_new=24, sampling=SAMPLING, request=f"long{i}")
               for i, (p, (w, nn, g)) in enumerate(itertools.product(PROMPTS[:2], CONFIGS[:4]))]
     cooler = {"temperature": 0.7, "seed": 3}   # long lookup rounds are frequent enough to cut
     lookup = [dict(lookup_case([t % 8 for t in p], cfg, max_new=24), sampling=temp, request=f"lookup{i}")
               for i, (p, cfg, temp) in enumerate(itertools.product(
-                  PROMPTS[:2] + SPAN_PROMPTS + LOOKUP_SAMPLING_PROMPTS, LOOKUP_CONFIGS, [sampling, cooler]))]
+                  PROMPTS[:2] + SPAN_PROMPTS + LOOKUP_SAMPLING_PROMPTS, LOOKUP_CONFIGS, [SAMPLING, cooler]))]
     small = [[t % 8 for t in p] for p in PROMPTS + LOOKUP_SAMPLING_PROMPTS]
     lookup += [dict(tree_case(model, p, cfg, max_new=24, others=small), sampling=temp, request=f"tree{i}")
                for i, (p, cfg, temp) in enumerate(itertools.product(
-                   small[:2] + LOOKUP_SAMPLING_PROMPTS, TREE_CONFIGS, [sampling, cooler]))]
-    cuts = cut_cases(model, lookup)     # sampled rounds longer than N, cut by max_new_tokens or EOS
+                   small[:2] + LOOKUP_SAMPLING_PROMPTS, TREE_CONFIGS, [SAMPLING, cooler]))]
+    cuts = cut_cases(model, lookup)     # sampled rounds longer than N, cut by max_new_tokens, EOS or a stop string
     assert any("eos" in c for c in cuts) and any(c["max_new"] < 24 for c in cuts)
+    assert sum("stop" in c for c in cuts) >= 5
     cases += lookup + cuts
-    single_runs = [single(model, c) for c in cases]
-    ranks = torchrun(2, {"model": model_spec, "cases": cases}, tmp_path)
-    multi = 0
-    for i, ref in enumerate(single_runs):
+    return model, cases, [single(model, c) for c in cases]
+
+
+def test_sampled_stop_strings_cut_inside_a_long_round(sampling_cases):
+    """One worker, sampling: a stop string completed inside an accepted multi-token round ends
+    the output where feeding the uncut run one token at a time does (draws are addressed by
+    round and offset, so the rounds before the cut are the uncut run's)."""
+    _, cases, runs = sampling_cases
+    stops = [(c, r) for c, r in zip(cases, runs) if "stop" in c]
+    for case, r in stops:
+        check_stop_cut(case, r)
+    assert len(stops) >= 5 and all(c["expect"]["uncut"] > c["n"] for c, _ in stops)
+
+
+def match_single(ranks, cases, runs):
+    """Every rank drew exactly the one-worker tokens, round for round, and fed its plan share.
+    Returns (rounds emitting several tokens, rounds whose busiest rank fed fewer rows than one worker)."""
+    multi = split = 0
+    for i, ref in enumerate(runs):
         for rank in ranks:
-            assert rank["results"][i]["tokens"] == ref.token_ids, cases[i]
-            assert rank["results"][i]["emitted"] == ref.emitted_per_round, cases[i]
+            got = rank["results"][i]
+            assert got["tokens"] == ref.token_ids and got["emitted"] == ref.emitted_per_round, cases[i]
+            assert got["finish"] == ref.finish_reason and got["text"] == ref.text, cases[i]
         multi += sum(e > 1 for e in ref.emitted_per_round)
-    assert multi > n // 10
-    joint = exact_joint(model, PROMPT, sampling["temperature"], sampling["top_k"], sampling["top_p"])
-    counts = Counter(tuple(r["tokens"]) for r in ranks[0]["results"][:n])
+        split += check_rows_follow_plan(ranks, i, greedy=False)
+    return multi, split
+
+
+def test_sampling_two_workers_match_one(sampling_cases, tmp_path):
+    """Same seed and request: P = 2 draws exactly the P = 1 samples (so they share its
+    distribution, checked against the model's own joint in test_sampling.py)."""
+    from test_sampling import PROMPT, chi_square_p, exact_joint
+
+    model, cases, runs = sampling_cases
+    ranks = torchrun(2, {"model": SAMPLING_MODEL, "cases": cases}, tmp_path)
+    multi, split = match_single(ranks, cases, runs)
+    assert multi > CHI // 10 and split > CHI // 2
+    joint = exact_joint(model, PROMPT, SAMPLING["temperature"], SAMPLING["top_k"], SAMPLING["top_p"])
+    counts = Counter(tuple(r["tokens"]) for r in ranks[0]["results"][:CHI])
     cells = sorted(joint)
-    p_value = chi_square_p([counts[c] for c in cells], [n * joint[c] for c in cells])
+    p_value = chi_square_p([counts[c] for c in cells], [CHI * joint[c] for c in cells])
     print(f"P=2 sampling: chi-square p = {p_value:.3f}")
     assert p_value > 1e-3
+
+
+def test_sampling_three_workers_match_one(sampling_cases, tmp_path):
+    """P = 3 (two subtree boundaries) draws the P = 1 samples on the long, lookup, tree and
+    cut cases."""
+    _, cases, runs = sampling_cases
+    ranks = torchrun(3, {"model": SAMPLING_MODEL, "cases": cases[CHI:]}, tmp_path)
+    multi, split = match_single(ranks, cases[CHI:], runs[CHI:])
+    assert multi > 50 and split > 100
+    plans = [p for r in ranks[0]["results"] for p in r["plans"]]
+    # rounds whose two boundaries both fall strictly inside the root subtrees: all three ranks
+    # hold tree nodes, so two offset-0 ownership hand-offs are exercised
+    inner = [p for p in plans if 0 < p["plan"][0][2] < p["plan"][1][2] < p["subtrees"]]
+    assert len(inner) >= 10

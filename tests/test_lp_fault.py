@@ -1,7 +1,11 @@
-"""A worker that dies mid-job ends the job: the survivors exit non-zero within
-the configured timeout, and the results already written stay intact."""
+"""A worker that dies or hangs mid-job ends the job: the others exit non-zero within
+the configured timeout (plus a margin for the exit itself), and the results already
+written stay intact. A killed peer is noticed at once (its sockets close); a stopped
+one (SIGSTOP) only by `distributed.timeout_s`; rank 0 killed while the others wait for
+the next prompt ends them too."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,11 +14,13 @@ import time
 from multiproc import ROOT, prompt_lines, start_ranks, write_job
 
 TIMEOUT_S = 20
+MARGIN_S = 30     # process exit after the failed collective, on a loaded machine
 
 
-def fault_job(tmp_path, prompts=40):
+def fault_job(tmp_path, prompts=40, **sections):
     lines = prompt_lines([(f"t{i}", "abcabc" + "xyz"[i % 3] * (i % 5 + 1)) for i in range(prompts)])
-    return write_job(tmp_path, lines, generation={"max_new_tokens": 48}, distributed={"timeout_s": TIMEOUT_S})
+    return write_job(tmp_path, lines, **{"generation": {"max_new_tokens": 48},
+                                         "distributed": {"timeout_s": TIMEOUT_S}, **sections})
 
 
 def read_results(path):
@@ -22,37 +28,110 @@ def read_results(path):
     return [json.loads(line) for line in lines]
 
 
+def wait_for_records(procs, results, count):
+    deadline = time.time() + 180
+    while len(read_results(results)) < count:
+        assert time.time() < deadline, "job made no progress"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.002)
+
+
+def intact(results, total):
+    """Every line parses (nothing torn), one record per task id, the job unfinished."""
+    records = read_results(results)
+    ids = [r["task_id"] for r in records]
+    assert len(ids) == len(set(ids)) and len(ids) < total
+    assert not (results.parent / "summary.json").exists()
+    return records
+
+
+def end_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+            p.wait()
+
+
 def test_dead_worker_ends_the_job(tmp_path):
     config = fault_job(tmp_path)
     results = tmp_path / "out" / "results.jsonl"
     procs = start_ranks(config)
     try:
-        deadline = time.time() + 180
-        while len(read_results(results)) < 3:
-            assert time.time() < deadline, "job made no progress"
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-            time.sleep(0.1)
+        wait_for_records(procs, results, 3)
         procs[1].send_signal(signal.SIGKILL)
         killed_at = time.time()
-        procs[0].wait(timeout=TIMEOUT_S + 30)
+        procs[0].wait(timeout=TIMEOUT_S + MARGIN_S)
         took = time.time() - killed_at
         _, err = procs[0].communicate()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert procs[0].returncode not in (0, None)
-    assert took < TIMEOUT_S + 30
-    assert "rank 0" in err and "Traceback" not in err
-    records = read_results(results)             # every line parses: nothing torn
-    ids = [r["task_id"] for r in records]
-    assert len(ids) >= 3 and len(ids) == len(set(ids)) and len(ids) < 40
-    assert not (tmp_path / "out" / "summary.json").exists()
+        end_all(procs)
+    assert procs[0].returncode == 1, err
+    assert took < TIMEOUT_S + MARGIN_S
+    assert "error: rank 0: worker failed" in err and "Traceback" not in err
+    assert len(intact(results, 40)) >= 3
+
+
+def test_stopped_worker_ends_the_job_at_the_timeout(tmp_path):
+    """Rank 2 of 3 is stopped (SIGSTOP): its sockets stay open, so only the collective timeout
+    can notice. Ranks 0 and 1 exit non-zero no sooner than timeout_s after it stopped and
+    within timeout_s plus the margin; rank 0 says which rank it is and what failed."""
+    config = fault_job(tmp_path)
+    results = tmp_path / "out" / "results.jsonl"
+    procs = start_ranks(config, world=3)
+    try:
+        wait_for_records(procs, results, 3)
+        procs[2].send_signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        took = []
+        for p in procs[:2]:
+            p.wait(timeout=TIMEOUT_S + MARGIN_S)
+            took.append(time.time() - stopped_at)
+        errs = [p.communicate()[1] for p in procs[:2]]
+    finally:
+        end_all(procs)
+    print(f"ranks 0 and 1 exited {took[0]:.1f} s and {took[1]:.1f} s after rank 2 stopped:", errs)
+    assert [p.returncode for p in procs[:2]] == [1, 1], errs
+    assert TIMEOUT_S - 1 <= min(took) and max(took) < TIMEOUT_S + MARGIN_S, took
+    assert "error: rank 0: worker failed" in errs[0] and "Traceback" not in errs[0]
+    assert re.search(r"timed? ?out", errs[0], re.IGNORECASE)     # the collective timeout, nothing else
+    assert "error: rank 1: worker failed" in errs[1]
+    assert len(intact(results, 40)) >= 3
+
+
+def test_rank_0_killed_between_prompts_ends_the_others(tmp_path):
+    """Rank 0 is killed while it writes the error records of bad lines, i.e. while rank 1 waits
+    for the next prompt (in the broadcast of its ids): rank 1 exits non-zero at once."""
+    bad = 2000      # rank 0 alone handles these, one fsynced error record each
+    lines = prompt_lines([("first", "abcabcxyz")]) + ["{broken"] * bad + prompt_lines([("last", "xyzxyz")])
+    config = write_job(tmp_path, lines, distributed={"timeout_s": TIMEOUT_S})
+    results = tmp_path / "out" / "results.jsonl"
+    procs = start_ranks(config)
+    try:
+        wait_for_records(procs, results, 2)
+        procs[0].send_signal(signal.SIGSTOP)         # freeze rank 0 to see where it is
+        records = read_results(results)
+        assert records[0]["task_id"] == "first" and records[-1]["finish_reason"] == "error"
+        assert len(records) < 1 + bad, "rank 0 had already left the bad lines"
+        procs[0].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        procs[1].wait(timeout=TIMEOUT_S + MARGIN_S)
+        took = time.time() - killed_at
+        _, err = procs[1].communicate()
+    finally:
+        end_all(procs)
+    print(f"rank 1 exited {took:.1f} s after rank 0 was killed:", err)
+    assert procs[1].returncode == 1, err
+    assert took < TIMEOUT_S + MARGIN_S
+    assert "error: rank 1: worker failed" in err and "Traceback" not in err
+    kept = intact(results, 2 + bad)
+    assert kept[0]["finish_reason"] != "error" and all(r["finish_reason"] == "error" for r in kept[1:])
 
 
 def test_two_workers_finish_the_job_like_one(tmp_path):
-    """The same job without torchrun (P = 1) and with two workers writes the same records."""
-    config = fault_job(tmp_path, prompts=4)
+    """The same job without torchrun (P = 1) and with two workers writes the same records
+    (float64, where exactness is promised)."""
+    config = fault_job(tmp_path, prompts=4, model={"dtype": "float64"})
     one = subprocess.run([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet",
                           "--set", f"output.dir={tmp_path / 'one'}"],
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)

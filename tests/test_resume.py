@@ -1,5 +1,6 @@
 """Results survive failures: a job killed with SIGKILL and rerun ends with exactly one record per
-task id and the summary of an uninterrupted run; torn and corrupt results files; one run per dir."""
+task id and the records and summary of an uninterrupted run (greedy, and sampling with the in-run
+baseline); torn and corrupt results files; one run per dir."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ TINY = "tiny-random-llama?vocab=64&seed=0"
 PROMPTS = 12
 
 
-def write_job(tmp_path, max_new_tokens=24, baseline=False):
+def write_job(tmp_path, max_new_tokens=24, baseline=False, sampling=None):
     data = tmp_path / "prompts.jsonl"
     lines = [json.dumps({"task_id": f"t{i}", "prompt": "abcabc" + "xyz"[i % 3] * (i % 5 + 1) + "q" * i})
              for i in range(PROMPTS)]
@@ -34,7 +35,7 @@ def write_job(tmp_path, max_new_tokens=24, baseline=False):
     config.write_text(yaml.safe_dump({
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
-        "generation": {"max_new_tokens": max_new_tokens},
+        "generation": {"max_new_tokens": max_new_tokens, **(sampling or {})},
         "data": {"source": "jsonl", "path": str(data), "limit": None},
         "output": {"dir": str(tmp_path / "out")},
         "baseline": {"enabled": baseline},
@@ -81,8 +82,15 @@ def kill_after(config, records, out):
     return lines_of(results)
 
 
-def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path):
-    config = write_job(tmp_path)
+def comparable_record(record):
+    """A record without its timing figures."""
+    return {k: v for k, v in record.items() if k not in ("decode_seconds", "host_seconds", "baseline_decode_seconds")}
+
+
+@pytest.mark.parametrize("sampling,baseline", [(None, False), ({"temperature": 0.8, "top_k": 20, "seed": 3}, True)],
+                         ids=["greedy", "sampling"])
+def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path, sampling, baseline):
+    config = write_job(tmp_path, baseline=baseline, sampling=sampling)
     whole = tmp_path / "whole"
     run(config, "--set", f"output.dir={whole}")
     reference = json.loads((whole / "summary.json").read_text())
@@ -99,6 +107,8 @@ def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path):
     assert len(ids) == len(set(ids)) == PROMPTS + 1                  # exactly one record per task id
     assert lines_of(out / "results.jsonl")[:len(kept)] == kept        # the earlier records are untouched
     assert ids == [json.loads(line)["task_id"] for line in lines_of(whole / "results.jsonl")]
+    uninterrupted = [json.loads(line) for line in lines_of(whole / "results.jsonl")]
+    assert [comparable_record(r) for r in records] == [comparable_record(r) for r in uninterrupted]
     assert comparable(json.loads((out / "summary.json").read_text())) == comparable(reference)
     assert "13 prompts" in result.stdout
     assert lines_of(out / "samples.jsonl") == lines_of(whole / "samples.jsonl")

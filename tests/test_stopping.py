@@ -60,3 +60,82 @@ def test_push_after_end_raises():
     c.push(1)
     with pytest.raises(RuntimeError):
         c.push(2)
+
+
+# ---------------------------------------------------------------- a real BPE tokenizer, inside long rounds
+
+# the model copies the quoted text from the prompt in one lookup round: ' done' is one token of five
+# characters, and '✓' and '語' are each split over three byte tokens (none decodes to the character alone)
+BPE_PROMPT = 'x = "✓ done — 日本語 ✓ done — 日本語"\ny = "✓ done — 日本語'
+BPE_NEW = 16
+
+
+def bpe_run(loaded, stop=(), **sampling):
+    from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+    from lp.jobs.config import JOB_LOOKAHEAD
+
+    return lookahead_generate(loaded.model, loaded.tokenizer.encode(BPE_PROMPT), LookaheadParams(**JOB_LOOKAHEAD),
+                              GenerationParams(BPE_NEW, stop=tuple(stop), **sampling),
+                              eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, request="bpe")
+
+
+@pytest.fixture(scope="module")
+def uncut(smollm2_f64):
+    """The uncut run of BPE_PROMPT, greedy or sampled, computed once for every stop string."""
+    runs = {}
+
+    def get(sampling):
+        key = tuple(sorted(sampling.items()))
+        if key not in runs:
+            runs[key] = bpe_run(smollm2_f64, **sampling)
+        return runs[key]
+    return get
+
+
+def inside_a_long_round(full, end):
+    """The token at index `end` lies inside a round of `full`, after its first token, before its last."""
+    done = 0
+    for e in full.emitted_per_round:
+        if done < end < done + e - 1:
+            return True
+        done += e
+    return False
+
+
+# where the stop string ends: inside a multi-character token, or on the last byte token of a
+# character split over several tokens
+@pytest.mark.parametrize("stop,ends", [("on", "in a token"), ("本語", "on a split character")])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.5, "seed": 1}], ids=["greedy", "sampling"])
+def test_bpe_stop_string_cut_inside_a_long_round(smollm2_f64, uncut, stop, ends, sampling):
+    """The embedded model's BPE tokenizer: a stop string completed inside an accepted multi-token
+    round, ending inside a multi-character token ('on' in ' done') or on the last byte token of a
+    character split over three tokens, ends the output where the one-token-at-a-time reference (a
+    StopChecker fed the uncut output token by token) does: the ids keep the completing token, the
+    text is cut right before the stop string. Greedy, generate's own decoding with the same stop
+    string is the reference too."""
+    from lp.baseline import autoregressive_generate
+    from lp.engine import GenerationParams
+
+    loaded, tok = smollm2_f64, smollm2_f64.tokenizer
+    full = uncut(sampling)
+    ref = StopChecker(loaded.eos_token_ids, BPE_NEW, (stop,), tok)
+    feed(ref, full.token_ids)
+    assert ref.reason == "stop"
+    end = len(ref.tokens) - 1                       # the token that completes the stop string
+    assert inside_a_long_round(full, end), full.emitted_per_round
+    upto = tok.decode(full.token_ids[:end + 1])
+    if ends == "in a token":                        # the token goes on past the stop string
+        assert upto.index(stop) + len(stop) < len(upto)
+    else:                                           # a byte piece: the character needs the tokens before it
+        assert tok.decode([full.token_ids[end]]) == "\ufffd" and upto.endswith(stop)
+    text = tok.decode(full.token_ids, skip_special_tokens=True)
+    assert ref.text == text[:text.index(stop)]
+
+    cut = bpe_run(loaded, [stop], **sampling)
+    assert cut.finish_reason == "stop"
+    assert cut.token_ids == ref.tokens == full.token_ids[:end + 1] and cut.text == ref.text
+    if not sampling:
+        ids = tok.encode(BPE_PROMPT)
+        plain = autoregressive_generate(loaded.model, ids, GenerationParams(BPE_NEW, stop=(stop,)),
+                                        eos_token_ids=loaded.eos_token_ids, tokenizer=tok)
+        assert plain.token_ids == cut.token_ids and plain.text == cut.text and plain.finish_reason == "stop"

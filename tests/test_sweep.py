@@ -1,6 +1,7 @@
 """scripts/sweep.py: a two-point CPU sweep (P = 1 and 2, tiny model), its CSV, plots and cost model
 figures; a rerun does no work; a failing point is recorded and the others still run."""
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -19,6 +20,11 @@ BASE = {
     "distributed": {"backend": "gloo", "timeout_s": 60},
     "baseline": {"enabled": True},
 }
+
+
+def close(value):
+    """The CSV writes 6 significant digits."""
+    return pytest.approx(value, rel=1e-4, abs=1e-5)
 
 
 def sweep(tmp, grid, *extra):
@@ -44,14 +50,26 @@ def test_two_point_sweep_csv_and_plots(two_points):
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert [int(r["world_size"]) for r in rows] == [1, 2]
     for r in rows:
-        assert int(r["new_tokens"]) > 0 and int(r["rounds"]) > 0
-        assert float(r["tokens_per_second"]) > 0 and float(r["baseline_tokens_per_second"]) > 0
-        assert float(r["speedup"]) > 0 and float(r["compression"]) >= 1
-        assert float(r["max_rows_per_round"]) >= float(r["rows_per_round"]) > 0
-        assert float(r["measured_round_ms"]) > 0 and float(r["projected_round_ms"]) > 0
-        assert r["projection_error"] != "" and float(r["verify_ms"]) > 0
+        f = {k: float(v) for k, v in r.items() if k not in ("point", "status", "error", "backend")}
+        summary = json.loads((out / "points" / r["point"] / "summary.json").read_text())
+        for key in ("new_tokens", "rounds", "compression", "tokens_per_second", "speedup", "rows_per_round",
+                    "max_rows_per_round", "decode_seconds"):      # the CSV carries the point's own summary
+            assert f[key] == close(summary[key]), key
+        assert f["new_tokens"] > 0 and f["rounds"] > 0 and f["compression"] >= 1
+        assert f["speedup"] == close(f["tokens_per_second"] / f["baseline_tokens_per_second"])
+        assert f["max_rows_per_round"] >= f["rows_per_round"] > 0
+        # the cost model's figures hold together: measured = decode time per round, projected = its
+        # four terms, error = projected / measured - 1, speedup = S * t_fwd(1) / projected
+        assert f["measured_round_ms"] == close(1000 * f["decode_seconds"] / f["rounds"])
+        assert f["projected_round_ms"] == close(f["projected_forward_ms"] + f["verify_ms"]
+                                                + f["collective_ms"] + f["host_ms_per_round"])
+        assert f["projection_error"] == close(f["projected_round_ms"] / f["measured_round_ms"] - 1)
+        assert f["verify_ms"] > 0 and f["projected_forward_ms"] > 0 and f["projected_speedup"] > 0
     assert rows[0]["backend"] and rows[1]["backend"] == "gloo"
-    assert float(rows[1]["collectives_per_round"]) > 0 and float(rows[1]["collective_ms"]) > 0
+    assert float(rows[0]["collective_ms"]) == 0 and float(rows[0]["collectives_per_round"]) == 0
+    assert float(rows[1]["collectives_per_round"]) == 2 and float(rows[1]["collective_ms"]) > 0
+    # the rows each rank really fed: with two ranks the busiest feeds fewer than one worker does
+    assert float(rows[1]["max_rows_per_round"]) < float(rows[0]["max_rows_per_round"])
     for name in PLOTS:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert "projected" in stdout and "measured" in stdout

@@ -72,7 +72,7 @@ def build_round(
     1). `columns` restricts the window cells computed here to a contiguous block
     and `nodes` the tree to a contiguous block of whole root subtrees (LP
     sharding): a block ending at column e also feeds base cells b_1..b_{e-1},
-    because its rows attend to them.
+    because its rows attend to them; an empty block feeds none.
     """
     k = len(ordinary)
     rows = [Row(ORDINARY, tok, position - k + 1 + i, off=i) for i, tok in enumerate(ordinary)]
@@ -80,7 +80,7 @@ def build_round(
     depth = len(levels)
     width = len(levels[0]) + 1 if depth else 0
     cols = columns if columns is not None else range(width)
-    end = min(cols.stop, width)
+    end = min(cols.stop, width) if cols.start < cols.stop else 0   # an empty block feeds no window rows
 
     deep_rows: list[int] = []
     base_index = {0: last}

@@ -14,7 +14,7 @@ import torch
 from lp.decode.layout import ancestors
 from lp.decode.tree import TokenTree
 
-HEADER = 4   # payload: z*, best hits, deepest accepted node (global index), deepest-output count
+HEADER = 5   # payload: z*, best hits, deepest accepted node (global index), deepest-output count, rows fed
 
 
 def tree_tensors(tree: TokenTree, nodes: range, device) -> tuple[torch.Tensor, ...]:
@@ -74,14 +74,15 @@ def path_verdict(first: torch.Tensor, accepted: torch.Tensor, depths: torch.Tens
 
 
 def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
-                 deep_slots: int) -> torch.Tensor:
+                 deep_slots: int, rows: int) -> torch.Tensor:
     """One worker's fixed-size int64 payload: [z, hits, node index, deepest count,
-    `width` tokens emitted after z (the first `hits` are valid), deepest outputs
-    padded to `deep_slots`]."""
+    rows this worker fed to its forward, `width` tokens emitted after z (the first
+    `hits` are valid), deepest outputs padded to `deep_slots`]."""
     device = deepest.device
-    count = torch.full((1,), deepest.numel(), dtype=torch.long, device=device)   # a fill, not a copy
+    count = torch.full((1,), deepest.numel(), dtype=torch.long, device=device)   # fills, not copies
+    fed = torch.full((1,), rows, dtype=torch.long, device=device)
     pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
-    return torch.cat([head, count, emitted_after, deepest, pad])
+    return torch.cat([head, count, fed, emitted_after, deepest, pad])
 
 
 class Decision(NamedTuple):
@@ -89,6 +90,7 @@ class Decision(NamedTuple):
     hits: int
     node: int               # global index of the deepest accepted node (-1: none)
     deepest: list[int]      # deepest-level outputs of the whole window, in column order
+    rows: list[int]         # rows each worker fed to its forward, in rank order
 
 
 def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
@@ -106,7 +108,8 @@ def decide(payloads: Sequence[Sequence[int]], width: int) -> Decision:
         if best is None or (hits, -index) > (best[1], -best[2]):
             best = row
     deepest = [t for row in payloads for t in row[HEADER + width:HEADER + width + row[3]]]
+    rows = [row[4] for row in payloads]
     if best is None:
-        return Decision([z], 0, -1, deepest)
+        return Decision([z], 0, -1, deepest, rows)
     hits = best[1]
-    return Decision([z] + list(best[HEADER:HEADER + hits]), hits, best[2], deepest)
+    return Decision([z] + list(best[HEADER:HEADER + hits]), hits, best[2], deepest, rows)

@@ -15,6 +15,7 @@ with no line at all, is an error of the whole job (DataError).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,17 @@ class Prompt:
     prompt: str
     error: str | None = None  # why this entry cannot be decoded (the job records it and goes on)
     line: int | None = None   # JSONL line number (1-based)
+
+
+def request_id(task_id: str) -> int:
+    """The request that a task's sampling draws are addressed by: the first 8 bytes of the
+    SHA-256 of the task id (UTF-8) as a big-endian integer, shifted right by one bit (63 bits,
+    so it travels to the other ranks in the int64 tensor that carries the prompt ids).
+
+    A function of the task id alone, so a task draws the same tokens whatever its position:
+    under data.offset and limit, in an edited or reordered prompt file, in a resumed job and at
+    every world size."""
+    return int.from_bytes(hashlib.sha256(task_id.encode("utf-8")).digest()[:8], "big") >> 1
 
 
 def load_prompts(data: DataSection) -> list[Prompt]:

@@ -15,7 +15,7 @@ record keeps the whole answer (`response`) and the code taken from it
 (`completion`, what samples.jsonl and the evaluation use).
 
 Under torchrun rank 0 reads the prompts, owns the output directory and sends
-each decodable prompt (its job index and ids) to the other ranks; a prompt it
+each decodable prompt (its request id, a hash of the task id, and its ids) to the other ranks; a prompt it
 rejects is never sent, so the others are unaffected. Before the model is
 loaded rank 0 sends one go/stop message, so a startup error on rank 0 ends
 the other ranks at once instead of at the collective timeout. Every rank runs
@@ -37,7 +37,7 @@ from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
-from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval
+from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval, request_id
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import error_record, result_record, summarize, tokens_per_second
@@ -137,7 +137,6 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     With `lookahead.job_cache` rank 0 grows the job-wide index of completions in task
     order: a prompt that already has a record adds its recorded ids when its turn
     comes, so a resumed job drafts from exactly what an uninterrupted one would."""
-    index = {p.task_id: i for i, p in enumerate(prompts, start=cfg.data.offset)}
     todo = [p for p in prompts if p.task_id not in job.records]
     corpus = job_cache(cfg.lookahead) if cfg.generation.method == "lookahead" else None
     if job.kept:
@@ -158,8 +157,9 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                 logger.warning("%s: error: %s", prompt.task_id, error)
                 bar.advance()
                 continue
-            comm.share_ids([index[prompt.task_id], *ids])
-            result, base = decode(cfg, loaded, ids, comm, index[prompt.task_id], shared, corpus)
+            request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
+            comm.share_ids([request, *ids])
+            result, base = decode(cfg, loaded, ids, comm, request, shared, corpus)
             shared += 1
             if corpus is not None and result.token_ids:
                 corpus.add(result.token_ids)
@@ -180,7 +180,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
-    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work."""
+    """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work
+    (each message is the request id, then the prompt ids)."""
     shared = 0
     while (message := comm.share_ids(None)) is not None:
         decode(cfg, loaded, message[1:], comm, message[0], shared)

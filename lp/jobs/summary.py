@@ -95,7 +95,7 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
         "host_ms_per_round": (1000 * sum(host) / rounds if rounds and None not in host else None),
         "world_size": comm.world,
         "backend": comm.backend,
-        # rank 0's rows per round (all ranks are balanced to within one column) and the busiest rank's
+        # rows rank 0 fed per round and rows the busiest rank fed (counted from the ids each packed)
         "rows_per_round": _per_round(ok, "rows_per_round", rounds),
         "max_rows_per_round": _per_round(ok, "max_rows_per_round", rounds),
         "collectives_per_round": sum(r["collectives"] for r in ok) / rounds if rounds else None,

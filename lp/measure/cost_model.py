@@ -197,7 +197,7 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
         head, after, _ = tree_verdict(predicted[0], *tree_tensors(tree, range(len(tree)), device),
                                       predicted[torch.tensor(node_rows, device=device)], first_node=0, width=s)
         deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
-        payload = pack_payload(head, after, deep, deep_slots)
+        payload = pack_payload(head, after, deep, deep_slots, rows)
         decide(payload[None].tolist(), s)
         times.append(time.perf_counter() - t)
     return statistics.median(times[3:])

@@ -1,0 +1,105 @@
+"""Sampling through the job (`python -m lp.run` with temperature > 0): the draws of a task are
+addressed by a hash of its task id (the documented request id), so its record does not depend
+on its position in the prompt file, and two or three workers write the one-worker records;
+the in-run baseline samples with the same request. (A killed and resumed sampled job:
+tests/test_resume.py.)"""
+import hashlib
+import json
+
+import pytest
+from click.testing import CliRunner
+from multiproc import prompt_lines, start_ranks, write_job
+
+from lp.baseline import autoregressive_generate
+from lp.engine import GenerationParams, lookahead_generate
+from lp.jobs.config import load_config
+from lp.jobs.data import request_id
+from lp.models import load_model
+from lp.run import main
+
+SAMPLING = {"temperature": 0.9, "top_p": 0.9, "seed": 7, "max_new_tokens": 16}
+TASKS = [("s/0", "abcabcabxy"), ("s/1", "hello hello hel"), ("s/2", "xyzzyxyzzy"), ("s/3", "def f(a):\n  return a")]
+SAME = ("task_id", "token_ids", "completion", "finish_reason", "new_tokens", "forwards", "emitted_per_round",
+        "baseline_token_ids", "baseline_finish_reason", "baseline_ids_equal")
+
+
+def sampled_job(tmp_path, tasks=TASKS, **sections):
+    return write_job(tmp_path, prompt_lines(tasks), model={"dtype": "float64"}, generation=SAMPLING,
+                     baseline={"enabled": True}, distributed={"timeout_s": 60}, **sections)
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def same(record):
+    return {k: record[k] for k in SAME}
+
+
+def run_one(config, out):
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", f"output.dir={out}"])
+    assert result.exit_code == 0, result.output
+    return records(out)
+
+
+def test_request_id_is_the_documented_hash():
+    """README: the first 8 bytes of SHA-256(task id, UTF-8), big-endian, shifted right by one bit."""
+    for task in ("HumanEval/0", "s/1", "<line 3>", "naïve ✓"):
+        digest = hashlib.sha256(task.encode("utf-8")).digest()
+        assert request_id(task) == int.from_bytes(digest[:8], "big") // 2
+        assert 0 <= request_id(task) < 2 ** 63     # fits the int64 tensor that carries it to the followers
+    assert len({request_id(t) for t, _ in TASKS}) == len(TASKS)
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sampled")
+    config = sampled_job(tmp)
+    return tmp, config, run_one(config, tmp / "one")
+
+
+def test_sampled_records_are_drawn_with_the_task_ids_request(one_worker):
+    """Each record is lookahead sampling of its prompt with request = request_id(task id), the
+    baseline is generate's sampling with the same request, and baseline_ids_equal compares them."""
+    tmp, config, got = one_worker
+    cfg = load_config(config)
+    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device="cpu")
+    differ_from_greedy = 0
+    for record, (task, prompt) in zip(got, TASKS):
+        ids = loaded.tokenizer.encode(prompt)
+        kw = dict(eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer)
+        mine = lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation, request=request_id(task), **kw)
+        base = autoregressive_generate(loaded.model, ids, cfg.generation, request=request_id(task), **kw)
+        assert record["task_id"] == task and record["token_ids"] == mine.token_ids
+        assert record["emitted_per_round"] == mine.emitted_per_round
+        assert record["baseline_token_ids"] == base.token_ids
+        assert record["baseline_ids_equal"] == (base.token_ids == mine.token_ids)
+        greedy = autoregressive_generate(loaded.model, ids, GenerationParams(16), **kw)
+        differ_from_greedy += base.token_ids != greedy.token_ids
+    assert differ_from_greedy >= 2           # the baseline really samples
+    assert any(max(r["emitted_per_round"]) > 1 for r in got)   # and lookahead accepts several tokens a round
+    summary = json.loads((tmp / "one" / "summary.json").read_text())
+    assert summary["baseline_ids_equal_fraction"] == sum(r["baseline_ids_equal"] for r in got) / len(got)
+
+
+def test_a_tasks_draws_do_not_depend_on_its_position(one_worker, tmp_path):
+    """Prompts inserted before the tasks and data.offset skipping them: every task writes the record it
+    wrote as the first lines of the file (a position in the file would change its draws)."""
+    _, _, got = one_worker
+    moved = [("new/0", "zzz top"), ("new/1", "qq rr qq")] + TASKS[::-1]
+    again = run_one(sampled_job(tmp_path, moved, data={"offset": 1}), tmp_path / "moved")
+    by_task = {r["task_id"]: same(r) for r in again}
+    assert "new/0" not in by_task
+    assert [by_task[r["task_id"]] for r in got] == [same(r) for r in got]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sampled_job_with_more_workers_writes_the_one_worker_records(one_worker, world):
+    tmp, config, got = one_worker
+    out = tmp / f"p{world}"
+    procs = start_ranks(config, "--set", f"output.dir={out}", world=world)
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, outs
+    assert [same(r) for r in records(out)] == [same(r) for r in got]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == world
