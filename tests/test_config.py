@@ -191,7 +191,7 @@ def test_default_job_is_the_embedded_default():
     assert cfg == JobConfig() == load_config_dict({})
     assert cfg.model.name == "smollm2-135m" and cfg.model.device == "auto"
     assert cfg.lookahead == LookaheadParams(**JOB_LOOKAHEAD) != LookaheadParams()
-    assert cfg.lookahead.pool_seeding is True and cfg.lookahead.lookup_candidates > 0
+    assert cfg.lookahead.suffix and cfg.lookahead.job_cache and cfg.lookahead.window == 0
     assert cfg.generation.max_new_tokens == 256 and cfg.generation.method == "lookahead"
     assert cfg.generation.stop == CHAT_CODE_STOP == ("\n```",)  # the chat mode's closing fence
     assert (cfg.data.source, cfg.data.offset, cfg.data.limit) == ("humaneval", 0, 20)
@@ -367,9 +367,9 @@ def test_lookahead_keys_left_out_take_the_job_defaults(tmp_path):
     cfg = load_config(write(tmp_path, {"lookahead": {"window": 15, "ngram": 5}}))
     assert (cfg.lookahead.window, cfg.lookahead.ngram) == (15, 5)
     assert cfg.lookahead.guesses == JOB_LOOKAHEAD["guesses"]
-    assert cfg.lookahead.lookup_candidates == JOB_LOOKAHEAD["lookup_candidates"] > 0
-    off = load_config(write(tmp_path, {"lookahead": {"lookup_candidates": 0}}))
-    assert off.lookahead.lookup_candidates == 0 and off.lookahead.lookup_tokens == JOB_LOOKAHEAD["lookup_tokens"]
+    assert cfg.lookahead.suffix_factor == JOB_LOOKAHEAD["suffix_factor"] > 0 and cfg.lookahead.job_cache
+    off = load_config(write(tmp_path, {"lookahead": {"job_cache": False}}))
+    assert not off.lookahead.job_cache and off.lookahead.suffix_tokens == JOB_LOOKAHEAD["suffix_tokens"]
 
 
 def test_set_adds_a_missing_section(tmp_path):

@@ -4,8 +4,8 @@ A job file has seven sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
     model:      {name: smollm2-135m, dtype: float32, device: auto}
-    lookahead:  {window: 0, ngram: 4, guesses: 4, pool_seeding: true,
-                 lookup_candidates: 2, lookup_tokens: 16, lookup_ngram: 3}
+    lookahead:  {window: 0, ngram: 4, guesses: 0, lookup_candidates: 0, suffix_factor: 8,
+                 suffix_tokens: 32, suffix_min_score: 0.1, job_cache: true, ...}
     generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
     data:       {source: humaneval, offset: 0, limit: 20, chat_template: true,
                  instruction: CODE_INSTRUCTION, response_prefix: "```python"}  # or {source: jsonl|classeval, path: FILE}
@@ -63,10 +63,12 @@ METHODS = ("lookahead", "autoregressive")
 # top-level definition, script code, print or comment would begin
 CODE_COMPLETION_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 # a job's lookahead keys left out: the embedded job's settings, the fastest measured on the 2-core CPU
-# (scripts/bench_core.py, README "Lookup candidates"): no Jacobi window, whose rows cost more than they
-# return there, the pool seeded from the prompt and output, two lookup spans of up to 16 tokens
-JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=4, pool_seeding=True,
-                     lookup_candidates=2, lookup_tokens=16, lookup_ngram=3)
+# (scripts/bench_core.py, README "Token trees"): no Jacobi window, whose rows cost more than they
+# return there, and one token tree per round of suffix drafts (up to 32 nodes, 8 x the match length,
+# nodes continued by at least a tenth of the matches) from the request and the job's earlier completions
+JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
+                     lookup_candidates=0, lookup_tokens=16, lookup_ngram=3,
+                     suffix_factor=8.0, suffix_tokens=32, suffix_min_score=0.1, job_cache=True)
 # keys whose value does not change any results.jsonl record: a job directory may be resumed
 # with a config that differs only in these (see differences())
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
