@@ -1,0 +1,48 @@
+"""Dynamic prompt hand-out across LP groups (distributed.lp_size < the world size).
+
+Every group's leader claims the next prompt index from one atomic counter on the
+job's c10d store (`store.add(key, 1)`), so a group that drew short prompts simply
+claims more, and no index is ever handed out twice. A claimed index past the last
+prompt means the job has no more work for that group; its leader then counts
+itself done, and global rank 0 waits until every group is (a dead group is noticed
+by lp.parallel.watch, not here). Without a store (one group) the indices are
+0..n-1 in order, with no communication, exactly the order a single group's counter
+would give.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+
+def store_prefix() -> str:
+    """Keys of this run on the store (a torchrun restart starts a fresh counter)."""
+    return f"lp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+class Handout:
+    def __init__(self, store, total: int, groups: int):
+        self.store, self.total, self.groups = store, total, groups
+        self.next_key = store_prefix() + "next"
+        self.done_key = store_prefix() + "done"
+
+    def __iter__(self) -> Iterator[int]:
+        """The prompt indices this group claims, in claim order."""
+        if self.store is None:
+            yield from range(self.total)
+            return
+        while (index := self.store.add(self.next_key, 1) - 1) < self.total:
+            yield index
+
+    def done(self) -> None:
+        """This group's leader has no more work (its records are written and its file closed)."""
+        if self.store is not None:
+            self.store.add(self.done_key, 1)
+
+    def wait_all(self, poll_s: float = 0.05) -> None:
+        """Until every group is done (global rank 0, before it reads the results)."""
+        if self.store is None:
+            return
+        while self.store.add(self.done_key, 0) < self.groups:
+            time.sleep(poll_s)
