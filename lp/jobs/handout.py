@@ -4,8 +4,9 @@ Every group's leader claims the next prompt index from one atomic counter on the
 job's c10d store (`store.add(key, 1)`), so a group that drew short prompts simply
 claims more, and no index is ever handed out twice. A claimed index past the last
 prompt means the job has no more work for that group; its leader then counts
-itself done, and global rank 0 waits until every group is (a dead group is noticed
-by lp.parallel.watch, not here). Without a store (one group) the indices are
+itself done, global rank 0 waits until every group is and then marks the job
+complete, and every other rank waits for that mark before it ends with status 0
+(a dead group is noticed by lp.parallel.watch, which interrupts these waits). Without a store (one group) the indices are
 0..n-1 in order, with no communication, exactly the order a single group's counter
 would give.
 """
@@ -26,6 +27,7 @@ class Handout:
         self.store, self.total, self.groups = store, total, groups
         self.next_key = store_prefix() + "next"
         self.done_key = store_prefix() + "done"
+        self.complete_key = store_prefix() + "complete"
 
     def __iter__(self) -> Iterator[int]:
         """The prompt indices this group claims, in claim order."""
@@ -41,8 +43,19 @@ class Handout:
             self.store.add(self.done_key, 1)
 
     def wait_all(self, poll_s: float = 0.05) -> None:
-        """Until every group is done (global rank 0, before it reads the results)."""
+        """Until every group is done (global rank 0, before it reads the results); then says the job's
+        decoding is complete."""
         if self.store is None:
             return
         while self.store.add(self.done_key, 0) < self.groups:
+            time.sleep(poll_s)
+        self.store.set(self.complete_key, "1")
+
+    def wait_complete(self, poll_s: float = 0.05) -> None:
+        """Every other rank, once its own work is done: until global rank 0 has seen every group done,
+        so that a rank ends with status 0 only when the whole job's decoding did (a failure elsewhere
+        interrupts this wait: lp.parallel.watch)."""
+        if self.store is None:
+            return
+        while not self.store.check([self.complete_key]):
             time.sleep(poll_s)

@@ -104,11 +104,13 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         start = time.perf_counter()
         if not comm.lead:
             _follow(cfg, loaded, comm)
+            handout.wait_complete()
             return None
         _lead(cfg, loaded, comm, prompts, job, progress, handout)
         if not first:
             job.close()     # closed (and fsynced line by line) before the group counts itself done
             handout.done()
+            handout.wait_complete()
             return None
         handout.done()
         handout.wait_all()
