@@ -30,7 +30,8 @@ per-round time t_fwd(max rows per rank) + t_verify + t_gather(P) + host ms is pr
 (decode_seconds / rounds) and both go into sweep.csv. The all_gather is measured among lp_size
 processes (an LP group), the curve with world_size processes side by side (all of them share the CPU).
 Finally the cost model projects latency and throughput of every dp x lp split of 8 workers from the
-curve of the first one-worker point (lp.measure.cost_model.project_splits) and prints the table.
+curve of the first point with lp_size 1 (one worker per group: its rows are one worker's rows;
+lp.measure.cost_model.project_splits) and prints the table.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lp.jobs.config import ConfigError, load_config_dict  # noqa: E402
+from lp.jobs.config import ConfigError, environment_problems, load_config_dict  # noqa: E402
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
                   "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
@@ -110,7 +111,8 @@ def points(grid: dict[str, list]) -> list[dict]:
 
 def point_name(point: dict) -> str:
     parts = []
-    for key, value in point.items():
+    ordered = {**{k: point[k] for k in SPECIAL if k in point}, **point}   # P<world>_L<lp> first
+    for key, value in ordered.items():
         short = {"world_size": "P", "lp_size": "L"}.get(key) or key.split(".")[-1]
         parts.append(f"{short}{value}" if key in SPECIAL else f"{short}-{value}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) or "point"
@@ -144,12 +146,17 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
     try:  # a bad override fails here with lp's own message, without starting workers
-        load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
+        cfg = load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
     except ConfigError as e:
         return "failed", e.problems[-1] if e.problems else str(e), False
     world = int(point.get("world_size", 1))
     if world < 1:
         return "failed", f"world_size: {world!r} must be >= 1", False
+    import torch
+
+    problems = environment_problems(cfg, world, torch.cuda.is_available())   # e.g. an lp_size that does not divide
+    if problems:
+        return "failed", "; ".join(problems), False
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -421,7 +428,7 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
                           if row.get("projected_speedup") else ""))
     click.echo(latency_table(rows))
     if not no_cost_model:
-        one = next((r for r in rows if r.get("curve") and int(r.get("world_size") or 0) == 1), None)
+        one = next((r for r in rows if r.get("curve") and int(r.get("lp_size") or 0) == 1), None)
         if one is not None:
             from lp.measure.cost_model import project_splits, splits_table
 
