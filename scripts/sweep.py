@@ -299,13 +299,15 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
             out / PLOTS[1], paths)
     fig, ax = plt.subplots(figsize=(6, 4))
     pts = [r for r in ok if r.get("job_tokens_per_second") not in (None, "") and r.get("latency_p50_s") not in (None, "")]
-    for label in dict.fromkeys(", ".join(f"{k}={r[k]}" for k in others) for r in pts):
-        mine = sorted((r for r in pts if ", ".join(f"{k}={r[k]}" for k in others) == label),
-                      key=lambda r: float(r["job_tokens_per_second"]))
+    def series_of(r):     # one line per world size (and other grid values): its lp splits
+        return ", ".join([f"P={r['world_size']}", *(f"{k}={r[k]}" for k in others)])
+
+    for label in dict.fromkeys(series_of(r) for r in pts):
+        mine = sorted((r for r in pts if series_of(r) == label), key=lambda r: int(r["lp_size"]))
         xs = [float(r["job_tokens_per_second"]) for r in mine]
-        ax.plot(xs, [float(r["latency_p50_s"]) for r in mine], marker="o", label=f"p50 {label}".strip())
-        ax.plot(xs, [float(r["latency_p95_s"]) for r in mine], marker="^", linestyle=":",
-                label=f"p95 {label}".strip())
+        line, = ax.plot(xs, [float(r["latency_p50_s"]) for r in mine], marker="o", label=f"{label} p50")
+        ax.scatter(xs, [float(r["latency_p95_s"]) for r in mine], marker="^", color=line.get_color(),
+                   label=f"{label} p95")
         for r in mine:
             ax.annotate(f"{r['dp_size']}x{r['lp_size']}", (float(r["job_tokens_per_second"]),
                                                           float(r["latency_p50_s"])), fontsize=8)
@@ -434,12 +436,15 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
 
             decoded = [r["new_tokens"] for r in _decoded(out / "points" / one["point"])]
             tokens = sum(decoded) / max(1, len(decoded))
-            click.echo(f"projected splits of 8 workers (the curve, S, rows and host ms of {one['point']}; each "
-                       f"worker on its own device):")
+            pair = next((r for r in rows if r.get("curve") and int(r.get("lp_size") or 0) == 2), None)
+            gather_ms = float(pair["collective_ms"]) if pair else 0.0   # one doubling, measured among 2
+            click.echo(f"projected splits of 8 workers (the curve, S, rows and host ms of {one['point']}, the "
+                       f"all-gather of {pair['point'] if pair else 'none'}: {gather_ms:.3f} ms per doubling; "
+                       f"each worker on its own device):")
             click.echo(splits_table(project_splits(one["curve"], 8, float(one["compression"]),
                                                    float(one["rows_per_round"]), tokens,
                                                    float(one["host_ms_per_round"] or 0) / 1000, one["verify_s"],
-                                                   float(one.get("collective_ms") or 0) / 1000)))
+                                                   gather_ms / 1000)))
     plot(rows, grid, out)
     failed = sum(r["status"] != "ok" for r in rows)
     click.echo(f"wrote {out / 'sweep.csv'} ({len(rows)} points, {failed} failed) and {len(PLOTS)} plots "

@@ -126,7 +126,7 @@ def test_killed_follower_ends_every_group(tmp_path):
     wait_for(tmp_path / "out", procs, 2)
     took, errs = kill_and_wait(procs, 3)
     assert [procs[r].returncode for r in (0, 1, 2)] == [1, 1, 1], errs
-    assert max(took.values()) < TIMEOUT_S + MARGIN_S
+    assert max(took.values()) < TIMEOUT_S       # told on the store, not left to the heartbeat timeout
     assert "error: rank 0: worker failed" in errs[0] and "rank 2" in errs[0] and "Traceback" not in errs[0]
     intact(tmp_path / "out")
 

@@ -58,7 +58,7 @@ class Comm:
         return self.rank == 0
 
     def share_rows(self, rows: Sequence[Sequence[int]] | None, capacity: int) -> Sequence[Sequence[int]]:
-        """Rank 0's equally long int rows (at most `capacity` values each; e.g. a token tree's
+        """The group leader's equally long int rows (at most `capacity` values each; e.g. a token tree's
         tokens and parents) on every rank: one broadcast of a fixed-size int64 tensor
         [count, row 0 padded to capacity, row 1 ...]. The other ranks pass None and
         `len(rows)` is fixed by the caller's protocol (2 for a tree)."""
@@ -89,7 +89,8 @@ class Comm:
         return out.view(self.world, -1)
 
     def share_ids(self, ids: list[int] | None) -> list[int] | None:
-        """Rank 0's token ids (or None, meaning 'no more work') on every rank; outside the step loop."""
+        """The group leader's token ids (or None, meaning 'no more work') on every rank of the group;
+        outside the step loop."""
         if self.group is None:      # one worker, no process group: nothing to exchange
             return ids
         size = torch.tensor([-1 if ids is None else len(ids)], dtype=torch.long)
