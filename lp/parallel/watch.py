@@ -113,9 +113,12 @@ class Watchdog:
         """This rank ends cleanly. Global rank 0 (the store's host) first waits, at most timeout_s,
         until every other rank has said so, so that no one loses the store mid-call."""
         self.stop()
-        self.store.set(f"{self.prefix}finished/{self.rank}", "1")
-        if wait_for_others:
-            keys = [f"{self.prefix}finished/{r}" for r in range(self.world)]
-            deadline = time.monotonic() + self.timeout_s
-            while not self.store.check(keys) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        try:
+            self.store.set(f"{self.prefix}finished/{self.rank}", "1")
+            if wait_for_others:
+                keys = [f"{self.prefix}finished/{r}" for r in range(self.world)]
+                deadline = time.monotonic() + self.timeout_s
+                while not self.store.check(keys) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except Exception:  # noqa: BLE001  (global rank 0 stopped the job at startup and is gone)
+            pass
