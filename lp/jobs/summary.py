@@ -176,12 +176,13 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
     return summary
 
 
+# what this run did (its wall time and the records it wrote: fewer after a resume)
+RUN_KEYS = frozenset({"wall_seconds", "job_prompts", "job_new_tokens", "job_prompts_per_second",
+                      "job_tokens_per_second"})
+# summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
-                         "baseline_tokens_per_second", "speedup", "wall_seconds", "job_prompts_per_second",
-                         "job_tokens_per_second", "latency_p50_s", "latency_p95_s",
-                         "latency_max_s",
-                         "job_prompts", "job_new_tokens"})  # summary keys that vary run to run (the last two:
-# what this run decoded, less after a resume); so does `groups` (which LP group decoded what) with several
+                         "baseline_tokens_per_second", "speedup", "latency_p50_s", "latency_p95_s",
+                         "latency_max_s"}) | RUN_KEYS
 
 
 def _mean(values: list[int]) -> float:
