@@ -21,11 +21,13 @@ from lp.jobs.results import ResumeRefused
 from lp.jobs.runner import JobError, _one_line, run_job
 from lp.jobs.summary import report
 from lp.models import ModelLoadError
+from lp.jobs.handout import store_prefix
 from lp.parallel.dist import Comm, init_distributed, shutdown
+from lp.parallel.watch import PeerFailed, Watchdog
 
 
 def _rank_prefix(comm: Comm) -> str:
-    return f"rank {comm.rank}: " if comm.world > 1 else ""
+    return f"rank {comm.job_rank}: " if comm.job_world > 1 else ""
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -68,12 +70,32 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
             click.echo(f"error: {e}", err=True)
         raise SystemExit(2)
     try:
-        comm = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_s, cfg.model.device)
+        comm = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_s, cfg.model.device,
+                                cfg.distributed.lp_size)
+        watchdog = (Watchdog(comm.job_rank, comm.job_world, cfg.distributed.timeout_s, store_prefix()).start()
+                    if comm.dp_size > 1 else None)
     except Exception as e:  # noqa: BLE001  (rendezvous, backend or device problems)
         _fail(f"distributed setup failed: {_one_line(e)}", 1)
+    summary = None
     try:
         summary = run_job(cfg, comm, force=force, fresh=fresh,
-                          progress=comm.rank == 0 and not quiet and _stderr_is_terminal())
+                          progress=comm.job_rank == 0 and not quiet and _stderr_is_terminal())
+        if watchdog:
+            watchdog.finish(wait_for_others=comm.job_rank == 0)
+    except BaseException as e:
+        if watchdog:     # every other LP group stops too (lp.parallel.watch)
+            watchdog.fail(_one_line(e))
+        _exit_for(e, comm)
+    finally:
+        shutdown()
+    if summary is not None:
+        click.echo(report(summary, cfg))
+
+
+def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
+    """One `error:` line and the exit status of a failed job."""
+    try:
+        raise e
     except ResumeRefused as e:
         _fail(str(e), 2)
     except KeyboardInterrupt:
@@ -81,14 +103,12 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
               f"again to resume", 130)
     except (DataError, ModelLoadError, JobError, OSError) as e:
         _fail(f"{_rank_prefix(comm)}{e}", 1)
+    except PeerFailed as e:
+        _fail(f"{_rank_prefix(comm)}worker failed: {e}", 1)
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
-        if comm.world == 1:
+        if comm.job_world == 1:
             raise
         _fail(f"{_rank_prefix(comm)}worker failed: {_one_line(e)}", 1)
-    finally:
-        shutdown()
-    if summary is not None:
-        click.echo(report(summary, cfg))
 
 
 if __name__ == "__main__":

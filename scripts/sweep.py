@@ -8,6 +8,7 @@ A sweep file is
     base: configs/example-jsonl.yaml      # a job config file, or an inline job mapping
     grid:                                 # points = the cartesian product of these lists
       world_size: [1, 2]                  # special key: torchrun's --nproc-per-node
+      lp_size: [1, 2]                     # special key: distributed.lp_size (workers per LP group)
       lookahead.window: [7, 15]           # any section.key of a job config
     output: runs/sweeps/NAME              # optional; --output wins; default runs/sweeps/<file stem>
 
@@ -16,14 +17,21 @@ as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --
 (PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A point
 whose summary.json exists is skipped (a rerun does no work); a point that fails is recorded as failed
 with its error and the sweep goes on. DIR/sweep.csv gets one row per point, and DIR holds
-speedup_vs_world_size.png, compression_vs_rows.png and tokens_per_second_vs_world_size.png.
+speedup_vs_world_size.png, compression_vs_rows.png, tokens_per_second_vs_world_size.png and
+latency_vs_throughput.png (per-request latency p50, with p95, against job tokens/s over the wall time:
+one point per (world_size, lp_size) split). A point whose lp_size does not divide its world size is
+recorded as failed with lp.run's own message. The latency/throughput table is printed at the end.
 
 Cost model (lp/measure/cost_model.py): the model's forward-time curve is measured once per model and world size
 (rows 1..512, prefix = the point's mean prompt length plus half its mean output, the engine's masked
 forward, one CPU thread like each rank; on a CPU by P processes side by side, since P ranks share its cores),
 and one all_gather per world size; both are cached under DIR/cost/. The projected
 per-round time t_fwd(max rows per rank) + t_verify + t_gather(P) + host ms is printed beside the measured one
-(decode_seconds / rounds) and both go into sweep.csv.
+(decode_seconds / rounds) and both go into sweep.csv. The all_gather is measured among lp_size
+processes (an LP group), the curve with world_size processes side by side (all of them share the CPU).
+Finally the cost model projects latency and throughput of every dp x lp split of 8 workers from the
+curve of the first point with lp_size 1 (one worker per group: its rows are one worker's rows;
+lp.measure.cost_model.project_splits) and prints the table.
 """
 from __future__ import annotations
 
@@ -46,14 +54,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lp.jobs.config import ConfigError, load_config_dict  # noqa: E402
+from lp.jobs.config import ConfigError, environment_problems, load_config_dict  # noqa: E402
 
-SUMMARY_FIELDS = ("world_size", "backend", "compression", "tokens_per_second", "baseline_tokens_per_second",
-                  "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round", "collectives_per_round",
-                  "bytes_per_round", "decode_seconds", "rounds", "new_tokens")
+SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
+                  "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
+                  "collectives_per_round", "bytes_per_round", "decode_seconds", "rounds", "new_tokens",
+                  "wall_seconds", "job_prompts_per_second", "job_tokens_per_second", "latency_p50_s",
+                  "latency_p95_s", "latency_max_s")
+SPECIAL = ("world_size", "lp_size")     # grid keys that are not a section.key
 COST_FIELDS = ("measured_round_ms", "projected_round_ms", "projection_error", "projected_forward_ms",
                "verify_ms", "collective_ms", "projected_speedup")
-PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png")
+PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png",
+         "latency_vs_throughput.png")
 
 
 class SweepError(ValueError):
@@ -87,8 +99,8 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
     for key, values in grid.items():
         if not values:
             raise SweepError(f"{path}: grid.{key} is an empty list")
-        if key != "world_size" and len(key.split(".")) != 2:
-            raise SweepError(f"{path}: grid key {key!r} must be world_size or section.key")
+        if key not in SPECIAL and len(key.split(".")) != 2:
+            raise SweepError(f"{path}: grid key {key!r} must be world_size, lp_size or section.key")
     return base, grid, raw.get("output")
 
 
@@ -99,9 +111,10 @@ def points(grid: dict[str, list]) -> list[dict]:
 
 def point_name(point: dict) -> str:
     parts = []
-    for key, value in point.items():
-        short = "P" if key == "world_size" else key.split(".")[-1]
-        parts.append(f"{short}{value}" if key == "world_size" else f"{short}-{value}")
+    ordered = {**{k: point[k] for k in SPECIAL if k in point}, **point}   # P<world>_L<lp> first
+    for key, value in ordered.items():
+        short = {"world_size": "P", "lp_size": "L"}.get(key) or key.split(".")[-1]
+        parts.append(f"{short}{value}" if key in SPECIAL else f"{short}-{value}")
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)) or "point"
 
 
@@ -112,7 +125,7 @@ def point_config(base: dict, point: dict, out_dir: Path) -> dict:
     for key, value in point.items():
         if key == "world_size":
             continue
-        section, name = key.split(".")
+        section, name = ("distributed", "lp_size") if key == "lp_size" else key.split(".")
         if not isinstance(raw.get(section), dict):
             raw[section] = {}
         raw[section][name] = value
@@ -133,12 +146,17 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
     try:  # a bad override fails here with lp's own message, without starting workers
-        load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
+        cfg = load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
     except ConfigError as e:
         return "failed", e.problems[-1] if e.problems else str(e), False
     world = int(point.get("world_size", 1))
     if world < 1:
         return "failed", f"world_size: {world!r} must be >= 1", False
+    import torch
+
+    problems = environment_problems(cfg, world, torch.cuda.is_available())   # e.g. an lp_size that does not divide
+    if problems:
+        return "failed", "; ".join(problems), False
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -171,20 +189,11 @@ def last_error_line(stderr: str) -> str | None:
 
 def point_prefix(point_dir: Path) -> int:
     """A realistic cache prefix for the point: mean prompt tokens + half the mean output."""
-    prompts, outputs = [], []
-    results = point_dir / "results.jsonl"
-    if results.is_file():
-        for line in results.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if r.get("prompt_tokens"):
-                prompts.append(r["prompt_tokens"])
-                outputs.append(r.get("new_tokens") or 0)
-    if not prompts:
+    decoded = [r for r in _decoded(point_dir) if r.get("prompt_tokens")]
+    if not decoded:
         return 128
-    return max(1, round(sum(prompts) / len(prompts) + sum(outputs) / len(outputs) / 2))
+    prompts = sum(r["prompt_tokens"] for r in decoded) / len(decoded)
+    return max(1, round(prompts + sum(r.get("new_tokens") or 0 for r in decoded) / len(decoded) / 2))
 
 
 def cached(path: Path, compute):
@@ -202,22 +211,24 @@ def cost_figures(row: dict, raw: dict, summary: dict, out: Path) -> dict:
     cfg = load_config_dict(copy.deepcopy(raw))
     prefix = point_prefix(Path(raw["output"]["dir"]))
     world = int(summary.get("world_size") or 1)
+    lp = int(summary.get("lp_size") or world)      # the all-gather's processes: one LP group
     key = json.dumps([cfg.model.name, cfg.model.dtype, cfg.model.device, prefix, world])
+    gkey = json.dumps([cfg.model.name, cfg.model.dtype, cfg.model.device, prefix, lp])
     curve_file = out / "cost" / f"curve-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
     curve = cached(curve_file, lambda: {"model": cfg.model.name, "dtype": cfg.model.dtype, "prefix": prefix,
                                         "concurrent": world,
                                         "curve": cost_model.measure_job_curve(cfg, prefix, concurrent=world)}
                    )["curve"]
     collective_s = 0.0
-    if world > 1:
+    if lp > 1:
         per_collective = (summary.get("bytes_per_round") or 0) / max(summary.get("collectives_per_round") or 1, 1)
-        numel = max(1, round(per_collective / 8 / world))   # int64 payload elements per rank
+        numel = max(1, round(per_collective / 8 / lp))   # int64 payload elements per rank
         backend = summary.get("backend") if summary.get("backend") in ("gloo", "nccl") else "gloo"
         rows = max(1, round(summary.get("rows_per_round") or 1))
         candidates = 1 + cfg.lookahead.guesses * (cfg.lookahead.ngram - 1)
         collective_s = cached(
-            out / "cost" / f"gather-{hashlib.sha1(key.encode()).hexdigest()[:10]}-{backend}-n{numel}-r{rows}.json",
-            lambda: {"seconds": cost_model.measure_collective(world, numel, backend=backend, cfg=cfg, prefix=prefix,
+            out / "cost" / f"gather-{hashlib.sha1(gkey.encode()).hexdigest()[:10]}-{backend}-n{numel}-r{rows}.json",
+            lambda: {"seconds": cost_model.measure_collective(lp, numel, backend=backend, cfg=cfg, prefix=prefix,
                                                               rows=rows, candidates=candidates)})["seconds"]
     la = cfg.lookahead
     verify_s = cached(out / "cost" / f"verify-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json",
@@ -225,6 +236,7 @@ def cost_figures(row: dict, raw: dict, summary: dict, out: Path) -> dict:
                           la.window, la.ngram, la.guesses, round(summary.get("max_rows_per_round") or 1),
                           _vocab(cfg), cost_model._job_device(cfg))})["seconds"]
     figures = cost_model.project(summary, curve, collective_s, verify_s)
+    figures["curve"], figures["verify_s"] = curve, verify_s      # for the splits projection (not in the CSV)
     measured = figures["measured_round_ms"]
     figures["projection_error"] = (figures["projected_round_ms"] / measured - 1) if measured else None
     return figures
@@ -247,7 +259,7 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    others = [k for k in grid if k != "world_size"]
+    others = [k for k in grid if k not in SPECIAL]
 
     def series(ykey):
         groups: dict[str, list[tuple[float, float]]] = {}
@@ -285,6 +297,22 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
                 ax.annotate(r["point"], (float(r["rows_per_round"]), float(r["compression"])), fontsize=7)
     _finish(ax, fig, "rows per round (rank 0)", "S (tokens per forward)", "S vs rows per round",
             out / PLOTS[1], paths)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    pts = [r for r in ok if r.get("job_tokens_per_second") not in (None, "") and r.get("latency_p50_s") not in (None, "")]
+    def series_of(r):     # one line per world size (and other grid values): its lp splits
+        return ", ".join([f"P={r['world_size']}", *(f"{k}={r[k]}" for k in others)])
+
+    for label in dict.fromkeys(series_of(r) for r in pts):
+        mine = sorted((r for r in pts if series_of(r) == label), key=lambda r: int(r["lp_size"]))
+        xs = [float(r["job_tokens_per_second"]) for r in mine]
+        line, = ax.plot(xs, [float(r["latency_p50_s"]) for r in mine], marker="o", label=f"{label} p50")
+        ax.scatter(xs, [float(r["latency_p95_s"]) for r in mine], marker="^", color=line.get_color(),
+                   label=f"{label} p95")
+        for r in mine:
+            ax.annotate(f"{r['dp_size']}x{r['lp_size']}", (float(r["job_tokens_per_second"]),
+                                                          float(r["latency_p50_s"])), fontsize=8)
+    _finish(ax, fig, "job tokens / s (wall time)", "per-request latency (s)",
+            "Latency vs throughput (dp x lp)", out / PLOTS[3], paths)
     plt.close("all")
     return paths
 
@@ -301,6 +329,32 @@ def _finish(ax, fig, xlabel, ylabel, title, path, paths):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     paths.append(path)
+
+
+def latency_table(rows: list[dict]) -> str:
+    """One line per finished point: the split, job throughput over the wall time and per-request latency."""
+    lines = ["point                      dp x lp  wall s  prompts/s  tokens/s  latency p50 s  p95 s  max s"]
+    for r in rows:
+        if r["status"] != "ok" or r.get("wall_seconds") is None:
+            continue
+        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {r['wall_seconds']:>6.2f} "
+                     f"{r['job_prompts_per_second']:>10.2f} {r['job_tokens_per_second']:>9.1f} "
+                     f"{r['latency_p50_s']:>14.3f} {r['latency_p95_s']:>6.3f} {r['latency_max_s']:>6.3f}")
+    return "\n".join(lines)
+
+
+def _decoded(point_dir: Path):
+    """The point's decoded (non-error) records."""
+    results = point_dir / "results.jsonl"
+    for path in [results, *sorted(point_dir.glob("results.group*.jsonl"))]:
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if r.get("finish_reason") != "error":
+                    yield r
 
 
 # ---- command line -------------------------------------------------------------------------------------------
@@ -374,6 +428,23 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
                        + (f"; S={row['compression']:.2f}, projected speedup {row['projected_speedup']:.2f}"
                           + (f", measured {row['speedup']:.2f}" if row.get("speedup") else "")
                           if row.get("projected_speedup") else ""))
+    click.echo(latency_table(rows))
+    if not no_cost_model:
+        one = next((r for r in rows if r.get("curve") and int(r.get("lp_size") or 0) == 1), None)
+        if one is not None:
+            from lp.measure.cost_model import project_splits, splits_table
+
+            decoded = [r["new_tokens"] for r in _decoded(out / "points" / one["point"])]
+            tokens = sum(decoded) / max(1, len(decoded))
+            pair = next((r for r in rows if r.get("curve") and int(r.get("lp_size") or 0) == 2), None)
+            gather_ms = float(pair["collective_ms"]) if pair else 0.0   # one doubling, measured among 2
+            click.echo(f"projected splits of 8 workers (the curve, S, rows and host ms of {one['point']}, the "
+                       f"all-gather of {pair['point'] if pair else 'none'}: {gather_ms:.3f} ms per doubling; "
+                       f"each worker on its own device):")
+            click.echo(splits_table(project_splits(one["curve"], 8, float(one["compression"]),
+                                                   float(one["rows_per_round"]), tokens,
+                                                   float(one["host_ms_per_round"] or 0) / 1000, one["verify_s"],
+                                                   gather_ms / 1000)))
     plot(rows, grid, out)
     failed = sum(r["status"] != "ok" for r in rows)
     click.echo(f"wrote {out / 'sweep.csv'} ({len(rows)} points, {failed} failed) and {len(PLOTS)} plots "

@@ -79,3 +79,34 @@ def test_verification_time_is_measured():
     assert 0 < cm.measure_verify(window=4, ngram=4, guesses=4, rows=20, vocab=64, repeats=3) < 1.0
     curve = line(0.001, 0.0)
     assert cm.project_round_seconds(curve, 8, 0.0, 0.0, verify_s=0.0005) == pytest.approx(0.0015)
+
+
+def test_project_splits_of_eight_workers():
+    """Every dp x lp split of 8: rows per rank shrink with lp, throughput is dp requests in flight,
+    latency is the request's rounds times the round; a flat (GPU-like) curve favours dp."""
+    flat = [{"rows": r, "seconds": 0.010} for r in cm.ROWS]
+    rows = cm.project_splits(flat, 8, compression=2.0, rows_per_round=33, tokens_per_request=100,
+                             host_s=0.001, verify_s=0.0, gather_s=0.0005)
+    assert [(r["dp"], r["lp"]) for r in rows] == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert [r["max_rows"] for r in rows] == [5.0, 9.0, 17.0, 33.0]
+    assert rows[0]["round_ms"] == pytest.approx(10 + 1 + 1.5)          # ceil(log2 8) = 3 doublings
+    assert rows[-1]["round_ms"] == pytest.approx(11.0)
+    for r in rows:
+        assert r["latency_s"] == pytest.approx(100 / 2.0 * r["round_ms"] / 1000)
+        assert r["tokens_per_s"] == pytest.approx(r["dp"] * 2.0 / (r["round_ms"] / 1000))
+        assert r["prompts_per_s"] == pytest.approx(r["tokens_per_s"] / 100)
+    assert cm.splits(6) == [(1, 6), (2, 3), (3, 2), (6, 1)]
+    assert "8 x 1" in cm.splits_table(rows)
+
+
+def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
+    import json
+
+    report = {"models": {"7b": {"eager": {"forward_curve": line(0.02, 0.00001)}}}}
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(report))
+    assert cm.find_curve(report) == line(0.02, 0.00001)
+    cm.main(["--curve", str(path), "--compression", "2.5", "--rows", "81", "--tokens", "200", "--host-ms", "1"])
+    out = capsys.readouterr().out
+    assert [l.split()[:3] for l in out.splitlines()[2:]] == [["1", "x", "8"], ["2", "x", "4"], ["4", "x", "2"],
+                                                             ["8", "x", "1"]]

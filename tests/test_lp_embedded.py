@@ -1,5 +1,6 @@
 """The embedded job through `torchrun --nproc 2 -m lp.run` gives the P = 1 completions
-(SmolLM2-135M, float32, 5 HumanEval prompts). Slow: minutes on two CPU cores."""
+(SmolLM2-135M, float32, 5 HumanEval prompts), and so does `torchrun --nproc 4` split into two
+LP groups of two (distributed.lp_size: 2; 2 prompts x 32 tokens). Slow: minutes on two CPU cores."""
 import json
 import os
 import subprocess
@@ -12,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def run_job(tmp_path, name, nproc):
+def run_job(tmp_path, name, nproc, sets=("data.limit=5", "generation.max_new_tokens=128")):
     out = tmp_path / name
-    sets = ["data.limit=5", "generation.max_new_tokens=128", f"output.dir={out}", "model.device=cpu"]
+    sets = [*sets, f"output.dir={out}", "model.device=cpu"]
     job = ["-m", "lp.run", "--config", str(ROOT / "configs" / "humaneval-smollm2.yaml"), "--quiet"]
     for s in sets:
         job += ["--set", s]
@@ -25,7 +26,9 @@ def run_job(tmp_path, name, nproc):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3000, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for path in sorted(out.glob("results*.jsonl")) for line in path.read_text().splitlines()]
+    order = {p["task_id"]: i for i, p in enumerate(json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines())}
+    return sorted(records, key=lambda r: order.get(r["task_id"], -1))
 
 
 def test_torchrun_two_workers_match_one(tmp_path):
@@ -34,3 +37,13 @@ def test_torchrun_two_workers_match_one(tmp_path):
     assert [r["task_id"] for r in two] == [r["task_id"] for r in one]
     assert [r["completion"] for r in two] == [r["completion"] for r in one]
     assert [r["token_ids"] for r in two] == [r["token_ids"] for r in one]
+
+
+def test_torchrun_four_workers_as_two_lp_groups_match_one(tmp_path):
+    sets = ("data.limit=2", "generation.max_new_tokens=32")
+    one = run_job(tmp_path, "p1", 1, sets)
+    four = run_job(tmp_path, "p4", 4, (*sets, "distributed.lp_size=2"))
+    assert [r["task_id"] for r in four] == [r["task_id"] for r in one] and len(one) == 2
+    assert [r["token_ids"] for r in four] == [r["token_ids"] for r in one]
+    summary = json.loads((tmp_path / "p4" / "summary.json").read_text())
+    assert (summary["world_size"], summary["dp_size"], summary["lp_size"]) == (4, 2, 2)

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png")
+PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png",
+         "latency_vs_throughput.png")
 BASE = {
     "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float32", "device": "cpu"},
     "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
@@ -75,6 +76,10 @@ def test_two_point_sweep_csv_and_plots(two_points):
     for name in PLOTS:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert "projected" in stdout and "measured" in stdout
+    # the cost model's projection of every split of 8 workers, from the one-worker point's curve
+    table = stdout.split("projected splits of 8 workers")[1].splitlines()
+    assert [line.split()[:3] for line in table[2:6]] == [["1", "x", "8"], ["2", "x", "4"], ["4", "x", "2"],
+                                                        ["8", "x", "1"]]
 
 
 def test_rerun_does_no_work(two_points):
@@ -99,3 +104,20 @@ def test_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert int(rows[1]["new_tokens"]) > 0
     for name in PLOTS:
         assert (out / name).stat().st_size > 0
+
+
+def test_lp_size_grid_key_gives_one_latency_throughput_point_per_split(tmp_path):
+    """lp_size is a grid key next to world_size: P = 2 as two groups of one runs (dp 2), lp_size 3
+    does not divide 2 and fails with lp.run's own message; the latency/throughput table and plot."""
+    out, stdout, rows = sweep(tmp_path, {"world_size": [2], "lp_size": [1, 3]}, "--no-cost-model")
+    assert [r["status"] for r in rows] == ["ok", "failed"]
+    assert [r["point"] for r in rows] == ["P2_L1", "P2_L3"]
+    assert "distributed.lp_size: 3 must divide the world size 2" in rows[1]["error"]
+    ok = rows[0]
+    assert (int(ok["dp_size"]), int(ok["lp_size"]), int(ok["world_size"])) == (2, 1, 2)
+    assert float(ok["job_tokens_per_second"]) > 0 and float(ok["wall_seconds"]) > 0
+    assert float(ok["latency_max_s"]) >= float(ok["latency_p95_s"]) >= float(ok["latency_p50_s"]) > 0
+    assert sorted((out / "points" / "P2_L1").glob("results*.jsonl"))     # per-group files, summed
+    line = next(line for line in stdout.splitlines() if line.startswith("P2_L1"))
+    assert line.split()[1:4] == ["2", "x", "1"]
+    assert (out / "latency_vs_throughput.png").stat().st_size > 0

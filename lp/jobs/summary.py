@@ -4,6 +4,7 @@ lines printed at the end."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from lp.engine import GenerationResult
@@ -70,11 +71,58 @@ def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method
     }
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What only this run knows: its wall time (from the hand-out's start until every LP group is done)
+    and the task ids it wrote records for (the others were kept from an earlier run)."""
+    wall_seconds: float
+    task_ids: frozenset[str]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) of values, linear between the closest ranks; None when empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: int, lp_size: int) -> dict[str, Any]:
+    """The job as a service: wall time and throughput of this run (prompts and tokens it decoded over
+    its wall time), per-request latency (decode seconds of every decoded record: p50, p95, max) and
+    per-LP-group prompt and token counts (each record's `group`; records without one are group 0)."""
+    latency = [r["decode_seconds"] for r in records if r["finish_reason"] != "error"]
+    ran = [r for r in records if run is not None and r["task_id"] in run.task_ids]
+    wall = run.wall_seconds if run is not None else None
+    groups: dict[int, dict[str, int]] = {}
+    for r in records:
+        g = groups.setdefault(int(r.get("group") or 0), {"prompts": 0, "new_tokens": 0})
+        g["prompts"] += 1
+        g["new_tokens"] += r["new_tokens"]
+    return {
+        "dp_size": dp_size,
+        "lp_size": lp_size,
+        "wall_seconds": wall,
+        "job_prompts": len(ran),
+        "job_new_tokens": sum(r["new_tokens"] for r in ran),
+        "job_prompts_per_second": len(ran) / wall if wall else None,
+        "job_tokens_per_second": tokens_per_second(sum(r["new_tokens"] for r in ran), wall or 0.0),
+        "latency_p50_s": percentile(latency, 50),
+        "latency_p95_s": percentile(latency, 95),
+        "latency_max_s": max(latency) if latency else None,
+        "groups": [{"group": k, **v} for k, v in sorted(groups.items())],
+    }
+
+
 def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm,
-              evaluation: list[dict[str, Any]] | None = None, parsed: list[bool] | None = None) -> dict[str, Any]:
+              evaluation: list[dict[str, Any]] | None = None, parsed: list[bool] | None = None,
+              run: RunFacts | None = None) -> dict[str, Any]:
     """Job totals over the decoded records (error records only counted); S is summed tokens over
     summed forwards (not a mean of per-prompt S). `parsed`: per decoded record, whether its completion
-    is code that parses (code sources)."""
+    is code that parses (code sources). `run`: this run's wall time and records (job_figures)."""
     ok = [r for r in records if r["finish_reason"] != "error"]
     tokens = sum(r["new_tokens"] for r in ok)
     forwards = sum(r["forwards"] for r in ok)
@@ -93,8 +141,9 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
         "tokens_per_second": tokens_per_second(tokens, seconds),
         "rounds": rounds,
         "host_ms_per_round": (1000 * sum(host) / rounds if rounds and None not in host else None),
-        "world_size": comm.world,
+        "world_size": comm.job_world,
         "backend": comm.backend,
+        **job_figures(records, run, comm.dp_size, comm.world),
         # rows rank 0 fed per round and rows the busiest rank fed (counted from the ids each packed)
         "rows_per_round": _per_round(ok, "rows_per_round", rounds),
         "max_rows_per_round": _per_round(ok, "max_rows_per_round", rounds),
@@ -127,8 +176,13 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
     return summary
 
 
+# what this run did (its wall time and the records it wrote: fewer after a resume)
+RUN_KEYS = frozenset({"wall_seconds", "job_prompts", "job_new_tokens", "job_prompts_per_second",
+                      "job_tokens_per_second"})
+# summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
-                         "baseline_tokens_per_second", "speedup"})  # summary keys that vary run to run
+                         "baseline_tokens_per_second", "speedup", "latency_p50_s", "latency_p95_s",
+                         "latency_max_s"}) | RUN_KEYS
 
 
 def _mean(values: list[int]) -> float:
@@ -153,8 +207,10 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
     """The lines printed at the end of a job."""
     job, n = JobDir(cfg.output.dir), summary["prompts"]
     reasons = " ".join(f"{k}={v}" for k, v in sorted(summary["finish_reasons"].items()))
+    extra = len(job.result_files()[1:]) if job.dir.is_dir() else 0
     lines = [
-        f"results: {job.results_path} ({n} prompt{'s' if n != 1 else ''}, {summary['errors']} error"
+        f"results: {job.results_path}{f' and {extra} results.group<k>.jsonl' if extra else ''} "
+        f"({n} prompt{'s' if n != 1 else ''}, {summary['errors']} error"
         f"{'s' if summary['errors'] != 1 else ''})",
         f"summary: {job.summary_path}",
         f"samples: {job.samples_path}",
@@ -165,6 +221,13 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"{_fmt(summary['rows_per_round'], '.1f')} (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
         f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
         f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round",
+        f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
+        f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
+        f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall, "
+        f"{_fmt(summary['job_prompts_per_second'], '.2f')} prompts/s, "
+        f"{_fmt(summary['job_tokens_per_second'], '.1f')} tokens/s; latency p50 "
+        f"{_fmt(summary['latency_p50_s'], '.2f')} s, p95 {_fmt(summary['latency_p95_s'], '.2f')} s, max "
+        f"{_fmt(summary['latency_max_s'], '.2f')} s",
     ]
     if "speedup" in summary:
         lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "

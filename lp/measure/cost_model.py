@@ -29,9 +29,24 @@ Against autoregressive decoding (one token per forward of one row), with S token
     speedup(P) = S * t_fwd(1) / t_round(P)
 
 The pure functions here take plain numbers; `forward_curve` / `measure_collective` measure them.
+
+Splitting W workers into dp LP groups of lp (`project_splits`; W = dp * lp): every group decodes one
+request at a time, its rows spread over lp ranks, so with R rows per round for one worker (one of
+them the ordinary row every rank feeds)
+
+    r_max(lp)   = 1 + (R - 1) / lp
+    t_round(lp) = t_fwd(r_max(lp)) + t_verify + t_gather(lp) + t_host
+    latency     = (tokens per request / S) * t_round(lp)      (one request's decode time)
+    throughput  = dp * S / t_round(lp) tokens/s               (dp requests in flight, no tail)
+
+`t_gather(lp)` = gather_s * ceil(log2 lp) (a tree/ring all-gather of a few hundred bytes; 0 for
+lp = 1). Each worker is assumed to have its own device (a GPU each); on a CPU whose cores the
+workers share, measure the curve with that many processes side by side (`measure_job_curve`).
+`python -m lp.measure.cost_model --curve FILE ...` prints the table for every split.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -112,6 +127,57 @@ def project(summary: dict, curve: Sequence[dict], collective_s: float, verify_s:
         "projected_speedup": projected_speedup(summary["compression"], curve, round_s)
         if summary.get("compression") else None,
     }
+
+
+def gather_seconds(lp: int, gather_s: float) -> float:
+    """t_gather(lp): gather_s per doubling of the group (0 for one worker)."""
+    return gather_s * math.ceil(math.log2(lp)) if lp > 1 else 0.0
+
+
+def splits(world: int) -> list[tuple[int, int]]:
+    """Every (dp, lp) with dp * lp = world, from one group of `world` to `world` groups of one."""
+    return [(world // lp, lp) for lp in range(world, 0, -1) if world % lp == 0]
+
+
+def project_splits(curve: Sequence[dict], world: int, compression: float, rows_per_round: float,
+                   tokens_per_request: float, host_s: float = 0.0, verify_s: float = 0.0,
+                   gather_s: float = 0.0) -> list[dict]:
+    """Per (dp, lp) split of `world` workers: projected round time, per-request latency and job
+    throughput (module docstring). `rows_per_round`: rows one worker feeds per round (R)."""
+    out = []
+    for dp, lp in splits(world):
+        max_rows = 1 + (rows_per_round - 1) / lp
+        round_s = project_round_seconds(curve, max_rows, gather_seconds(lp, gather_s), host_s, verify_s)
+        tokens_per_s = dp * compression / round_s
+        out.append({"dp": dp, "lp": lp, "max_rows": max_rows, "round_ms": 1000 * round_s,
+                    "latency_s": tokens_per_request / compression * round_s, "tokens_per_s": tokens_per_s,
+                    "prompts_per_s": tokens_per_s / tokens_per_request})
+    return out
+
+
+def splits_table(rows: Sequence[dict]) -> str:
+    """The projection of every split as a fixed-width table."""
+    lines = [f"{'dp x lp':>8} {'rows/rank':>9} {'round ms':>9} {'latency s':>10} {'tokens/s':>10} {'prompts/s':>10}"]
+    for r in rows:
+        lines.append(f"{r['dp']:>3} x {r['lp']:<2} {r['max_rows']:>9.1f} {r['round_ms']:>9.3f} {r['latency_s']:>10.3f} "
+                     f"{r['tokens_per_s']:>10.1f} {r['prompts_per_s']:>10.3f}")
+    return "\n".join(lines)
+
+
+def find_curve(data) -> list[dict] | None:
+    """The first forward curve ([{rows, seconds}, ...]) in a JSON document: scripts/gpu_check.py's
+    report (under `forward_curve`), a sweep's cost/curve-*.json (under `curve`), or a bare list."""
+    if isinstance(data, list) and data and all(isinstance(p, dict) and {"rows", "seconds"} <= set(p) for p in data):
+        return data
+    children = data.values() if isinstance(data, dict) else data if isinstance(data, list) else []
+    if isinstance(data, dict):
+        for key in ("forward_curve", "curve"):
+            if key in data and (found := find_curve(data[key])):
+                return found
+    for child in children:
+        if isinstance(child, (dict, list)) and (found := find_curve(child)):
+            return found
+    return None
 
 
 # ---- measurements --------------------------------------------------------------------------------------------
@@ -320,3 +386,52 @@ def _curve_worker(rank, cfg, prefix, rows_list, repeats, threads, barrier, queue
     curve = _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier)
     if rank == 0:
         queue.put(curve)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """python -m lp.measure.cost_model --curve FILE [--summary summary.json] [--world 8] ...: the
+    projected round time, per-request latency and job throughput of every dp x lp split."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m lp.measure.cost_model", description=main.__doc__)
+    ap.add_argument("--curve", required=True, help="JSON holding a forward curve (gpu_check's report, a sweep's "
+                                                   "cost/curve-*.json, or a list of {rows, seconds})")
+    ap.add_argument("--summary", help="a job's summary.json: S, rows per round, host ms and tokens per request "
+                                      "from it (one worker's run gives the rows R)")
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--compression", type=float, help="S (tokens per round)")
+    ap.add_argument("--rows", type=float, help="rows one worker feeds per round (R)")
+    ap.add_argument("--tokens", type=float, help="new tokens per request")
+    ap.add_argument("--host-ms", type=float, help="host ms per round")
+    ap.add_argument("--verify-ms", type=float, default=0.0)
+    ap.add_argument("--gather-ms", type=float, default=0.05, help="all-gather ms per doubling of the group")
+    a = ap.parse_args(argv)
+    with open(a.curve, encoding="utf-8") as f:
+        curve = find_curve(json.load(f))
+    if not curve:
+        ap.error(f"--curve: no forward curve in {a.curve}")
+    s = {}
+    if a.summary:
+        with open(a.summary, encoding="utf-8") as f:
+            s = json.load(f)
+    decoded = (s.get("prompts") or 0) - (s.get("errors") or 0)
+    figures = {
+        "compression": a.compression or s.get("compression"),
+        "rows": a.rows or s.get("rows_per_round"),
+        "tokens": a.tokens or (s["new_tokens"] / decoded if decoded else None),
+        "host_ms": a.host_ms if a.host_ms is not None else s.get("host_ms_per_round") or 0.0,
+    }
+    missing = [k for k, v in figures.items() if v is None]
+    if missing:
+        ap.error(f"give --summary or --{' --'.join(missing)}")
+    rows = project_splits(curve, a.world, figures["compression"], figures["rows"], figures["tokens"],
+                          figures["host_ms"] / 1000, a.verify_ms / 1000, a.gather_ms / 1000)
+    print(f"{a.world} workers, S = {figures['compression']:.3f}, {figures['rows']:.1f} rows/round on one worker, "
+          f"{figures['tokens']:.0f} tokens/request, host {figures['host_ms']:.3f} ms, verify {a.verify_ms:.3f} ms, "
+          f"all-gather {a.gather_ms:.3f} ms per doubling; t_fwd(1) = {1000 * forward_time(curve, 1):.3f} ms")
+    print(splits_table(rows))
+
+
+if __name__ == "__main__":
+    main()

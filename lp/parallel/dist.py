@@ -25,19 +25,40 @@ import torch.distributed as dist
 
 
 
+def mesh(world: int, lp_size: int | None) -> list[list[int]]:
+    """The global ranks of each LP group of a dp x lp mesh: [[0..lp-1], [lp..2lp-1], ...]
+    (`lp_size` None: one group of the whole world)."""
+    lp = world if lp_size is None else lp_size
+    if lp < 1 or world % lp:
+        raise ValueError(f"distributed.lp_size: {lp_size!r} must be >= 1 and divide the world size {world}")
+    return [list(range(start, start + lp)) for start in range(0, world, lp)]
+
+
 @dataclass
 class Comm:
-    rank: int = 0
-    world: int = 1
+    rank: int = 0               # rank within this LP group (0: the group's leader)
+    world: int = 1              # LP group size
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "none"
     group: object = None        # main group (payload all-gather)
     cpu_group: object = None    # gloo group (candidates, prompts)
     collectives: int = 0        # step-loop collectives issued
     bytes_moved: int = 0        # bytes received by this rank in step-loop collectives
+    src: int = 0                # global rank of this group's leader (broadcast source)
+    dp_rank: int = 0            # index of this LP group
+    dp_size: int = 1            # number of LP groups
+    job_rank: int = 0           # global rank
+    job_world: int = 1          # global world size
+    job_group: object = None    # gloo group of every rank (go/stop, end of job)
+    store: object = None        # the c10d store (prompt hand-out), under torchrun
+
+    @property
+    def lead(self) -> bool:
+        """This rank leads its LP group (claims prompts, writes its results)."""
+        return self.rank == 0
 
     def share_rows(self, rows: Sequence[Sequence[int]] | None, capacity: int) -> Sequence[Sequence[int]]:
-        """Rank 0's equally long int rows (at most `capacity` values each; e.g. a token tree's
+        """The group leader's equally long int rows (at most `capacity` values each; e.g. a token tree's
         tokens and parents) on every rank: one broadcast of a fixed-size int64 tensor
         [count, row 0 padded to capacity, row 1 ...]. The other ranks pass None and
         `len(rows)` is fixed by the caller's protocol (2 for a tree)."""
@@ -50,7 +71,7 @@ class Comm:
             buf[0] = count
             for i, row in enumerate(rows):
                 buf[1 + i * capacity:1 + i * capacity + count] = torch.tensor(row, dtype=torch.long)
-        dist.broadcast(buf, 0, group=self.cpu_group)
+        dist.broadcast(buf, self.src, group=self.cpu_group)
         self._count(buf)
         if self.rank == 0:
             return rows
@@ -68,16 +89,30 @@ class Comm:
         return out.view(self.world, -1)
 
     def share_ids(self, ids: list[int] | None) -> list[int] | None:
-        """Rank 0's token ids (or None, meaning 'no more work') on every rank; outside the step loop."""
+        """The group leader's token ids (or None, meaning 'no more work') on every rank of the group;
+        outside the step loop."""
         if self.group is None:      # one worker, no process group: nothing to exchange
             return ids
         size = torch.tensor([-1 if ids is None else len(ids)], dtype=torch.long)
-        dist.broadcast(size, 0, group=self.cpu_group)
+        dist.broadcast(size, self.src, group=self.cpu_group)
         if size.item() < 0:
             return None
         buf = torch.tensor(ids, dtype=torch.long) if self.rank == 0 else torch.empty(size.item(), dtype=torch.long)
-        dist.broadcast(buf, 0, group=self.cpu_group)
+        dist.broadcast(buf, self.src, group=self.cpu_group)
         return buf.tolist()
+
+    def job_go(self, go: bool) -> bool:
+        """Global rank 0's go (True) or stop (False) on every rank of the job; before any work."""
+        if self.job_group is None:
+            return go
+        flag = torch.tensor([1 if go else 0], dtype=torch.long)
+        dist.broadcast(flag, 0, group=self.job_group)
+        return bool(flag.item())
+
+    def world_barrier(self) -> None:
+        """Every rank of the job gets here (bounded by distributed.timeout_s)."""
+        if self.job_group is not None and self.job_world > 1:
+            dist.barrier(group=self.job_group)
 
     def _count(self, t: torch.Tensor) -> None:
         self.collectives += 1
@@ -88,9 +123,11 @@ def _all_gather_single():
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: str = "auto") -> Comm:
+def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: str = "auto",
+                     lp_size: int | None = None) -> Comm:
     """A Comm from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*),
-    or the one-worker Comm when not launched by torchrun."""
+    or the one-worker Comm when not launched by torchrun. With `lp_size` < the world size,
+    the Comm of this rank's LP group of the dp x lp mesh."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1 and "MASTER_ADDR" not in os.environ:
         return Comm(device=_device(device, 0))
@@ -103,8 +140,21 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, timeout=timeout,
                             device_id=dev if backend == "nccl" else None)
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return Comm(rank, world, dev, backend, dist.group.WORLD, cpu_group)
+    job_cpu = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    store = dist.distributed_c10d._get_default_store()
+    groups = mesh(world, lp_size)
+    if len(groups) == 1:    # one LP group: the whole world (the default)
+        return Comm(rank, world, dev, backend, dist.group.WORLD, job_cpu, job_rank=rank, job_world=world,
+                    job_group=job_cpu, store=store)
+    main = cpu = None
+    for ranks in groups:    # every rank takes part in creating every group
+        g = dist.new_group(ranks, backend=backend, timeout=timeout)
+        c = dist.new_group(ranks, backend="gloo", timeout=timeout) if backend != "gloo" else g
+        if rank in ranks:
+            main, cpu = g, c
+    lp, dp_rank = len(groups[0]), rank // len(groups[0])
+    return Comm(rank % lp, lp, dev, backend, main, cpu, src=groups[dp_rank][0], dp_rank=dp_rank,
+                dp_size=len(groups), job_rank=rank, job_world=world, job_group=job_cpu, store=store)
 
 
 def shutdown() -> None:

@@ -1,0 +1,61 @@
+"""Dynamic prompt hand-out across LP groups (distributed.lp_size < the world size).
+
+Every group's leader claims the next prompt index from one atomic counter on the
+job's c10d store (`store.add(key, 1)`), so a group that drew short prompts simply
+claims more, and no index is ever handed out twice. A claimed index past the last
+prompt means the job has no more work for that group; its leader then counts
+itself done, global rank 0 waits until every group is and then marks the job
+complete, and every other rank waits for that mark before it ends with status 0
+(a dead group is noticed by lp.parallel.watch, which interrupts these waits). Without a store (one group) the indices are
+0..n-1 in order, with no communication, exactly the order a single group's counter
+would give.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+
+def store_prefix() -> str:
+    """Keys of this run on the store (a torchrun restart starts a fresh counter)."""
+    return f"lp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+class Handout:
+    def __init__(self, store, total: int, groups: int):
+        self.store, self.total, self.groups = store, total, groups
+        self.next_key = store_prefix() + "next"
+        self.done_key = store_prefix() + "done"
+        self.complete_key = store_prefix() + "complete"
+
+    def __iter__(self) -> Iterator[int]:
+        """The prompt indices this group claims, in claim order."""
+        if self.store is None:
+            yield from range(self.total)
+            return
+        while (index := self.store.add(self.next_key, 1) - 1) < self.total:
+            yield index
+
+    def done(self) -> None:
+        """This group's leader has no more work (its records are written and its file closed)."""
+        if self.store is not None:
+            self.store.add(self.done_key, 1)
+
+    def wait_all(self, poll_s: float = 0.05) -> None:
+        """Until every group is done (global rank 0, before it reads the results); then says the job's
+        decoding is complete."""
+        if self.store is None:
+            return
+        while self.store.add(self.done_key, 0) < self.groups:
+            time.sleep(poll_s)
+        self.store.set(self.complete_key, "1")
+
+    def wait_complete(self, poll_s: float = 0.05) -> None:
+        """Every other rank, once its own work is done: until global rank 0 has seen every group done,
+        so that a rank ends with status 0 only when the whole job's decoding did (a failure elsewhere
+        interrupts this wait: lp.parallel.watch)."""
+        if self.store is None:
+            return
+        while not self.store.check([self.complete_key]):
+            time.sleep(poll_s)
