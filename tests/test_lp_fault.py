@@ -53,17 +53,22 @@ def end_all(procs):
             p.wait()
 
 
+def kill_and_wait(victim, survivor):
+    """SIGKILL `victim`, wait for `survivor` to exit: (seconds it took, its stderr)."""
+    victim.send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    survivor.wait(timeout=TIMEOUT_S + MARGIN_S)
+    took = time.time() - killed_at
+    return took, survivor.communicate()[1]
+
+
 def test_dead_worker_ends_the_job(tmp_path):
     config = fault_job(tmp_path)
     results = tmp_path / "out" / "results.jsonl"
     procs = start_ranks(config)
     try:
         wait_for_records(procs, results, 3)
-        procs[1].send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        procs[0].wait(timeout=TIMEOUT_S + MARGIN_S)
-        took = time.time() - killed_at
-        _, err = procs[0].communicate()
+        took, err = kill_and_wait(procs[1], procs[0])
     finally:
         end_all(procs)
     assert procs[0].returncode == 1, err
@@ -113,11 +118,7 @@ def test_rank_0_killed_between_prompts_ends_the_others(tmp_path):
         records = read_results(results)
         assert records[0]["task_id"] == "first" and records[-1]["finish_reason"] == "error"
         assert len(records) < 1 + bad, "rank 0 had already left the bad lines"
-        procs[0].send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        procs[1].wait(timeout=TIMEOUT_S + MARGIN_S)
-        took = time.time() - killed_at
-        _, err = procs[1].communicate()
+        took, err = kill_and_wait(procs[0], procs[1])
     finally:
         end_all(procs)
     print(f"rank 1 exited {took:.1f} s after rank 0 was killed:", err)
