@@ -24,8 +24,11 @@ SAME = ("task_id", "token_ids", "completion", "finish_reason", "new_tokens", "fo
 
 
 def sampled_job(tmp_path, tasks=TASKS, **sections):
+    """No job cache: with one, a task's candidates, and so which draws accept, also depend on the
+    completions of the tasks before it (README, "Sampling")."""
     return write_job(tmp_path, prompt_lines(tasks), model={"dtype": "float64"}, generation=SAMPLING,
-                     baseline={"enabled": True}, distributed={"timeout_s": 60}, **sections)
+                     lookahead={"job_cache": False}, baseline={"enabled": True}, distributed={"timeout_s": 60},
+                     **sections)
 
 
 def records(out):
