@@ -141,11 +141,11 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     dist.init_process_group(backend=backend, timeout=timeout,
                             device_id=dev if backend == "nccl" else None)
     job_cpu = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    store = dist.distributed_c10d._get_default_store()
     groups = mesh(world, lp_size)
-    if len(groups) == 1:    # one LP group: the whole world (the default)
+    if len(groups) == 1:    # one LP group: the whole world (the default); no hand-out, no store
         return Comm(rank, world, dev, backend, dist.group.WORLD, job_cpu, job_rank=rank, job_world=world,
-                    job_group=job_cpu, store=store)
+                    job_group=job_cpu)
+    store = dist.distributed_c10d._get_default_store()   # the dp groups' hand-out and failure watch
     main = cpu = None
     for ranks in groups:    # every rank takes part in creating every group
         g = dist.new_group(ranks, backend=backend, timeout=timeout)
