@@ -124,10 +124,14 @@ def kill_and_wait(procs, victim):
     return took, errs
 
 
-def intact(out):
-    found = raw_records(out)        # every line parses: nothing torn
+def intact(out, all_done_ok=False):
+    """Records after a failure: every line parses (nothing torn), no task twice, no summary; some
+    tasks left unless `all_done_ok` (the surviving groups may finish every prompt before they
+    notice a dead group, which then ends the job at the end instead)."""
+    found = raw_records(out)
     ids = [r["task_id"] for _, r in found]
-    assert len(ids) == len(set(ids)) and len(ids) < TASKS + 1
+    assert len(ids) == len(set(ids)) and len(ids) <= TASKS + 1
+    assert all_done_ok or len(ids) < TASKS + 1
     assert not (out / "summary.json").exists()
     return found
 
@@ -155,7 +159,7 @@ def test_killed_group_ends_the_job_and_a_rerun_resumes(reference, tmp_path):
     assert [procs[r].returncode for r in (0, 1, 3)] == [1, 1, 1], errs
     assert TIMEOUT_S - 1 <= min(took.values()) and max(took.values()) < TIMEOUT_S + MARGIN_S, took
     assert "rank 2 timed out" in errs[0] and "Traceback" not in errs[0]
-    kept = intact(tmp_path / "out")
+    kept = intact(tmp_path / "out", all_done_ok=True)
     procs = start_ranks(config, world=4)
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outs
