@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -50,3 +51,12 @@ def start_ranks(config: Path, *args: str, world: int = 2) -> list[subprocess.Pop
         procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet", *args],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
+
+
+def wait_for_records(procs: list[subprocess.Popen], count_records, count: int) -> None:
+    """Poll `count_records()` until it reaches `count`; every rank must stay alive meanwhile."""
+    deadline = time.time() + 180
+    while count_records() < count:
+        assert time.time() < deadline, "job made no progress"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.002)
