@@ -134,9 +134,10 @@ def lookahead_generate(
         shared = comm.share_rows((tree.tokens, tree.parents) if tree is not None else None, capacity)
         tree = tree if tree is not None else TokenTree.from_parents(*shared)
         columns = window.columns if window is not None else 0
-        plan = shard_plan(comm.world, columns, len(levels), tree.units(), len(ordinary))
+        units = tree.units()                                   # whole root subtrees: the shard unit
+        plan = shard_plan(comm.world, columns, len(levels), units, len(ordinary))
         mine = plan[comm.rank]
-        starts = list(accumulate(tree.units(), initial=0))     # whole root subtrees per rank
+        starts = list(accumulate(units, initial=0))
         nodes = range(starts[mine.subtrees.start], starts[mine.subtrees.stop])
         rnd = build_round(ordinary, len(tokens) - 1, levels, tree, nodes, columns=mine.columns)
         q, keep = fit(len(rnd)), rnd.logit_rows
