@@ -9,6 +9,12 @@ prompts whose ids equal plain decoding, decode tokens/s and its ratio to plain
 decoding, rows per round and host ms per round (everything but the model forward;
 it includes the pool and the lookup index).
 
+Every system runs on one model with `--cpu-linear` kernels (default onednn: the
+weights pre-packed for oneDNN's matmul, lp.models.use_onednn_linears), so the
+ratio column compares decoders, not kernels; with onednn, plain decoding also
+runs on a stock copy of the model ("torch linear") to show what the kernels
+alone give.
+
 A configuration is W,N,G (window, n-gram, pool guesses) or W,N,G,L,K,M with L
 lookup candidates of up to K tokens matched on the last M..1 tokens; W = 0 runs
 no Jacobi window (with G = 0 too: lookup candidates alone); any other
@@ -123,10 +129,13 @@ def label(p: LookaheadParams) -> str:
               show_default=True, help="also run every configuration with its round forward compiled "
                                       "(torch.compile, fixed-size rounds), and a static-cache greedy loop "
                                       "compiled the same way")
+@click.option("--cpu-linear", "cpu_linear", type=click.Choice(["onednn", "torch"]), default="onednn",
+              show_default=True, help="the linear kernels of the model every system shares (lp.models."
+                                      "use_onednn_linears); with onednn, plain decoding also runs on a stock copy")
 @click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
-         temperature, top_k, top_p, suffix_peer, compile_mode, threads, json_out):
+         temperature, top_k, top_p, suffix_peer, compile_mode, cpu_linear, threads, json_out):
     if threads:
         torch.set_num_threads(threads)
     gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -143,8 +152,15 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
             peer_budget, peer_factor = int(suffix_peer.split(",")[0]), float(suffix_peer.split(",")[1])
         except (ValueError, IndexError):
             raise click.BadParameter(f"{suffix_peer!r}: expected B,F (e.g. 32,8)", param_hint="--suffix-peer")
-    loaded = load_model(model_name, dtype, device)
-    model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
+    if compile_mode != "off" and cpu_linear == "onednn":
+        click.echo("--compile: every system runs torch linear kernels (inductor cannot lower oneDNN's "
+                   "pre-packed weights)", err=True)
+        cpu_linear = "torch"
+    # every system shares one model with `cpu_linear` kernels; with onednn plain decoding also runs on a
+    # stock copy, so the same run shows what the kernels alone give
+    loaded = load_model(model_name, dtype, device, cpu_linear=cpu_linear)
+    model, tok, eos, kernels = loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.linear_kernels
+    stock = load_model(model_name, dtype, device).model if kernels == "onednn" else model
     prompts = bench_prompts(data, data_path, chat, limit, tok)
     base = "sampling" if gen.sampling else "greedy"
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if gen.sampling else None
@@ -155,8 +171,8 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     if compile_mode != "off":
         runs += [(f"{label(v)} compiled", v, compile_mode) for v in variants]
         runs.append(("greedy loop compiled", LookaheadParams(0, 3, 0), compile_mode))
-    systems = [f"plain {base}"] + ([f"prompt lookup k={prompt_lookup}"] if prompt_lookup else []) \
-        + [name for name, _, _ in runs]
+    systems = [f"plain {base}"] + ([f"plain {base}, torch linear"] if kernels == "onednn" else []) \
+        + ([f"prompt lookup k={prompt_lookup}"] if prompt_lookup else []) + [name for name, _, _ in runs]
     stats = {s: dict(tokens=0, forwards=0, seconds=0.0, host=None, rows=0, decode_rows=0, same=0) for s in systems}
     corpora = {name: job_cache(v) for name, v, _ in runs}   # each run's own job-wide cache
     greedy_runs = []                                         # (prompt ids, plain greedy ids) for --suffix-peer
@@ -186,9 +202,15 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
         add(systems[0], ref.ids, ref.ids, ref.seconds, ref.forwards, ref.rows, ref.rows - len(ids))
         greedy_runs.append((ids, ref.ids))
         line = [f"{problem['task_id']:>14} {base} {len(ref.ids) / ref.seconds:6.1f} tok/s"]
+        if kernels == "onednn":
+            torch.manual_seed(i)
+            st = generate(stock, ids, max_new_tokens, eos, sampling)
+            add(f"plain {base}, torch linear", st.ids, ref.ids, st.seconds, st.forwards, st.rows, st.rows - len(ids))
+            line.append(f"torch linear {len(st.ids) / st.seconds:6.1f} tok/s")
         if prompt_lookup:
             pl = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup)
-            add(systems[1], pl.ids, ref.ids, pl.seconds, pl.forwards, pl.rows, pl.rows - len(ids))
+            add(f"prompt lookup k={prompt_lookup}", pl.ids, ref.ids, pl.seconds, pl.forwards, pl.rows,
+                pl.rows - len(ids))
             line.append(f"PLD S={len(pl.ids) / pl.forwards:.2f}{'' if pl.ids == ref.ids else ' DIFF'}")
         for name, v, mode in runs:
             corpus = corpora[name]
@@ -205,14 +227,14 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     plain_tps = plain["tokens"] / plain["seconds"]
     mode = f"sampling T={temperature} top_k={top_k} top_p={top_p}" if gen.sampling else "greedy"
     names = {"humaneval": "HumanEval", "classeval": "ClassEval"}
-    click.echo(f"\nmodel {model_name} {dtype}, {len(prompts)} {names[data]} prompts{' (chat)' if chat else ''}, "
-               f"{max_new_tokens} new tokens, "
+    click.echo(f"\nmodel {model_name} {dtype}, {kernels} linear kernels, {len(prompts)} {names[data]} prompts"
+               f"{' (chat)' if chat else ''}, {max_new_tokens} new tokens, "
                f"{mode}, torch threads {torch.get_num_threads()}"
                + ("; 'same' compares ids with plain sampling, which draws differently" if gen.sampling else "")
                + "\n")
     click.echo(f"{'system':>40} {'tokens':>7} {'forwards':>8} {'S':>6} {'same':>6} "
                f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8}")
-    report = {"model": model_name, "dtype": dtype, "data": data, "chat": chat,
+    report = {"model": model_name, "dtype": dtype, "cpu_linear": kernels, "data": data, "chat": chat,
               "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}

@@ -49,6 +49,24 @@ def test_bench_core_tiny(tmp_path):
     assert "0,3,0 L2k8m2" in proc.stdout
 
 
+def test_bench_core_float32_shares_onednn_linears_and_times_a_stock_copy(tmp_path):
+    """float32: every system runs on the oneDNN-packed model (the ratio compares decoders); plain greedy
+    also runs on a stock copy, with the same ids."""
+    out = tmp_path / "core.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
+           "--limit", "2", "--max-new-tokens", "16", "--threads", "1", "--seeding", "on", "--json-out", str(out),
+           "--configs", "0,3,0,suffix_factor=4,suffix_tokens=16"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["cpu_linear"] == "onednn" and "onednn linear kernels" in proc.stdout
+    systems = {s["system"]: s for s in report["systems"]}
+    assert list(systems) == ["plain greedy", "plain greedy, torch linear", "0,3,0 S4x16"]
+    for s in systems.values():
+        assert s["same_as_plain"] == 2 and s["tokens"] == report["plain_tokens"] and s["tokens_per_s"] > 0
+
+
 def test_bench_core_rejects_a_bad_config():
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--configs", "3,4"]
     proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,

@@ -52,6 +52,8 @@ BAD = [
     ("device-index", {"model": {"device": "cuda:x"}}, [], "model.device:"),
     ("compile", {"model": {"compile": "max"}}, [], "model.compile:"),
     ("compile-bool", {"model": {"compile": True}}, [], "model.compile:"),
+    ("cpu-linear", {"model": {"cpu_linear": "mkl"}}, [], "model.cpu_linear:"),
+    ("cpu-linear-compiled", {"model": {"cpu_linear": "onednn", "compile": "default"}}, [], "model.cpu_linear:"),
     ("name-empty", {"model": {"name": ""}}, [], "model.name:"),
     ("name-number", {"model": {"name": 135}}, [], "model.name:"),
     ("source", {"data": {"source": "mbpp"}}, [], "data.source:"),

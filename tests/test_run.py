@@ -101,6 +101,7 @@ def test_end_to_end(job):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples == [{"task_id": r["task_id"], "completion": r["completion"]} for r in records]
     assert summary["model"] == loaded.name
+    assert summary["linear_kernels"] == "torch"     # float64: oneDNN packs float32 and bfloat16 only
     assert summary["new_tokens"] == sum(r["new_tokens"] for r in records)
     assert summary["forwards"] == sum(r["forwards"] for r in records)
     assert summary["compression"] == pytest.approx(summary["new_tokens"] / summary["forwards"])
@@ -150,6 +151,25 @@ def test_fresh_starts_over_and_set_applies(job):
     assert [r["task_id"] for r in records] == ["t/0", "t/1"]
     assert all(r["new_tokens"] <= 5 for r in records)
     assert yaml.safe_load((out / "config.yaml").read_text())["data"]["limit"] == 2
+
+
+def test_float32_job_runs_on_onednn_linears_unless_told_not_to(job):
+    """model.cpu_linear auto: a float32 CPU job runs oneDNN's packed linears, and still decodes what
+    plain greedy decoding on that model decodes; cpu_linear torch keeps the stock kernels."""
+    config, out = job
+    runner = CliRunner()
+    result = runner.invoke(main, ["--config", str(config), "--set", "model.dtype=float32"])
+    assert result.exit_code == 0, result.output
+    assert "(onednn linear kernels)" in result.stderr
+    assert json.loads((out / "summary.json").read_text())["linear_kernels"] == "onednn"
+    fast = load_model(TINY, dtype="float32", device="cpu", cpu_linear="onednn")
+    for record, prompt in zip(read_results(out), PROMPTS):
+        ids = fast.tokenizer.encode(prompt["prompt"])
+        assert record["token_ids"] == greedy(fast.model, ids, 16, set(fast.eos_token_ids))
+    result = runner.invoke(main, ["--config", str(config), "--fresh", "--set", "model.dtype=float32",
+                                  "--set", "model.cpu_linear=torch"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["linear_kernels"] == "torch"
 
 
 def test_neutral_keys_do_not_block_a_resume(job):

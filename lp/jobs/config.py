@@ -3,7 +3,7 @@
 A job file has seven sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
-    model:      {name: smollm2-135m, dtype: float32, device: auto}
+    model:      {name: smollm2-135m, dtype: float32, device: auto, compile: off, cpu_linear: auto}
     lookahead:  {window: 0, ngram: 4, guesses: 0, lookup_candidates: 0, suffix_factor: 8,
                  suffix_tokens: 32, suffix_min_score: 0.1, job_cache: true, ...}
     generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
@@ -53,6 +53,7 @@ import yaml
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
+from lp.models import CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
 
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
@@ -95,11 +96,24 @@ class ModelSection:
     dtype: str = "float32"
     device: str = "auto"
     compile: str = "off"      # off | default | reduce-overhead (CUDA graphs): torch.compile of the round forward
+    # auto | onednn | torch: linear kernels on the CPU (lp.models.use_onednn_linears); auto is onednn for
+    # eager forwards and torch with model.compile (inductor cannot lower a pre-packed weight it did not freeze)
+    cpu_linear: str = "auto"
+
+    def linear_kernels(self) -> str:
+        """What load_model's cpu_linear gets: 'onednn' or 'torch'."""
+        return "onednn" if self.cpu_linear == "onednn" or (self.cpu_linear == "auto" and self.compile == "off") \
+            else "torch"
 
     def problems(self) -> list[str]:
         out = []
         if self.compile not in COMPILE_MODES:
             out.append(f"model.compile: {self.compile!r} must be one of {', '.join(COMPILE_MODES)}")
+        if self.cpu_linear not in ("auto", *CPU_LINEARS):
+            out.append(f"model.cpu_linear: {self.cpu_linear!r} must be one of auto, {', '.join(CPU_LINEARS)}")
+        elif self.cpu_linear == "onednn" and self.compile != "off":
+            out.append(f"model.cpu_linear: 'onednn' cannot be compiled (model.compile: {self.compile!r}): torch."
+                       f"compile lowers only weights it packs itself; use auto or torch")
         if not self.name.strip():
             out.append(f"model.name: {self.name!r} must be a model name, a local directory or a .gguf path")
         if self.dtype not in DTYPES:

@@ -93,11 +93,13 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             job.attach()
         t0 = time.perf_counter()
         device = str(comm.device) if comm.job_world > 1 else cfg.model.device
-        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device,
+                            cpu_linear=cfg.model.linear_kernels())
         if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
             raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template "
                            f"(for a base model set data.chat_template: false)")
-        logger.info("model %s loaded in %.1f s", loaded.name, time.perf_counter() - t0)
+        logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
+                    loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
         if comm.dp_size > 1:
             comm.world_barrier()
@@ -119,7 +121,8 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         evaluation = evaluate(cfg, records) if cfg.output.evaluate else None
         parsed = parse_checks(cfg, prompts, records) if cfg.data.source in CODE_SOURCES else None
         summary = summarize(records, cfg, loaded.name, comm, evaluation, parsed,
-                            run=RunFacts(wall, frozenset(r["task_id"] for r in records) - job.kept_ids))
+                            run=RunFacts(wall, frozenset(r["task_id"] for r in records) - job.kept_ids),
+                            linear_kernels=loaded.linear_kernels)
         job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
                              for r in records if r["finish_reason"] != "error"], evaluation)
         return summary

@@ -119,10 +119,11 @@ def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: in
 
 def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, comm: Comm,
               evaluation: list[dict[str, Any]] | None = None, parsed: list[bool] | None = None,
-              run: RunFacts | None = None) -> dict[str, Any]:
+              run: RunFacts | None = None, linear_kernels: str = "torch") -> dict[str, Any]:
     """Job totals over the decoded records (error records only counted); S is summed tokens over
     summed forwards (not a mean of per-prompt S). `parsed`: per decoded record, whether its completion
-    is code that parses (code sources). `run`: this run's wall time and records (job_figures)."""
+    is code that parses (code sources). `run`: this run's wall time and records (job_figures).
+    `linear_kernels`: what the model's linears ran on (LoadedModel.linear_kernels)."""
     ok = [r for r in records if r["finish_reason"] != "error"]
     tokens = sum(r["new_tokens"] for r in ok)
     forwards = sum(r["forwards"] for r in ok)
@@ -131,6 +132,7 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
     host = [r["host_seconds"] for r in ok]
     summary = {
         "model": model_name,
+        "linear_kernels": linear_kernels,
         "method": cfg.generation.method,
         "prompts": len(records),
         "errors": len(records) - len(ok),

@@ -313,7 +313,8 @@ def _round_forward(cfg, prefix: int, rows: int, device):
     from lp.models import load_model
 
     model = load_model(cfg.model.name, dtype=cfg.model.dtype,
-                       device=str(device) if device.type == "cuda" else cfg.model.device).model
+                       device=str(device) if device.type == "cuda" else cfg.model.device,
+                       cpu_linear=cfg.model.linear_kernels()).model
     return round_forward(model, prefix, rows)
 
 
@@ -377,7 +378,8 @@ def _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier=None):
 
     if threads is not None:
         torch.set_num_threads(threads)
-    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device)
+    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
+                        cpu_linear=cfg.model.linear_kernels())
     dev = next(loaded.model.parameters()).device
     return forward_curve(loaded.model, prefix, list(rows_list), repeats, barrier=barrier)
 
