@@ -27,7 +27,8 @@ the prompt) and over the decoding rounds only (prefill left out, as the
 SuffixDecoding figures count them). `--suffix-peer B,F` adds SuffixDecoding
 (arctic-inference's SuffixDecodingCache, tree drafts of at most B nodes and
 F x match length) with and without its global cache, SIMULATED on the plain
-greedy ids (no forwards run: S and rows only).
+greedy ids (no forwards run: S and rows only); several `B,F;B,F` trace its S
+against rows, so a configuration can be read against the peer at equal rows.
 
     python scripts/bench_core.py                      # (15,5,15) and (7,5,7), seeding on and off
     python scripts/bench_core.py --seeding on --prompt-lookup 10 \\
@@ -43,6 +44,7 @@ the same: `--max-new-tokens` tokens or EOS, no stop strings.
 """
 from __future__ import annotations
 
+import itertools
 import json
 
 import click
@@ -122,9 +124,10 @@ def label(p: LookaheadParams) -> str:
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: exact sampling (and plain sampling as the baseline)")
 @click.option("--top-k", default=0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)
-@click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F",
+@click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F[;B,F...]",
               help="also simulate SuffixDecoding (arctic-inference) with tree drafts of at most B nodes and "
-                   "F x match length, with and without its global cache (greedy only)")
+                   "F x match length, with and without its global cache (greedy only); several B,F "
+                   "separated by ';' trace its S against rows")
 @click.option("--compile", "compile_mode", type=click.Choice(["off", "default", "reduce-overhead"]), default="off",
               show_default=True, help="also run every configuration with its round forward compiled "
                                       "(torch.compile, fixed-size rounds), and a static-cache greedy loop "
@@ -147,11 +150,13 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
         raise click.UsageError(str(e))
     if (prompt_lookup or suffix_peer) and gen.sampling:
         raise click.UsageError("--prompt-lookup and --suffix-peer run greedy only: drop them or --temperature")
-    if suffix_peer:
+    peers = []                                               # (budget, factor) of each simulated peer
+    for item in filter(None, suffix_peer.split(";")):
         try:
-            peer_budget, peer_factor = int(suffix_peer.split(",")[0]), float(suffix_peer.split(",")[1])
-        except (ValueError, IndexError):
-            raise click.BadParameter(f"{suffix_peer!r}: expected B,F (e.g. 32,8)", param_hint="--suffix-peer")
+            budget, factor = item.split(",")
+            peers.append((int(budget), float(factor)))
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: expected B,F (e.g. 32,8)", param_hint="--suffix-peer")
     if compile_mode != "off" and cpu_linear == "onednn":
         click.echo("--compile: every system runs torch linear kernels (inductor cannot lower oneDNN's "
                    "pre-packed weights)", err=True)
@@ -248,18 +253,18 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                    host_ms_per_round=None if st["host"] is None else 1000 * st["host"] / st["forwards"])
         report["systems"].append(row)
         echo_row(row, len(prompts))
-    if suffix_peer:
-        click.echo(f"SuffixDecoding (arctic-inference) SIMULATED on the plain greedy ids: no forwards run, "
-                   f"so no tok/s; budget {peer_budget}, factor {peer_factor:g}, tree drafts, min_token_prob 0")
-        for glob in (False, True):
-            sim = suffix_decoding_peer(greedy_runs, peer_budget, peer_factor, 0.0, glob)
-            row = dict(system=f"SuffixDecoding B{peer_budget} F{peer_factor:g}" + (" +global" if glob else ""),
-                       tokens=sim.tokens, forwards=sim.forwards, compression=sim.tokens / sim.forwards,
-                       same_as_plain=len(prompts), tokens_per_s=None, speedup=None, rows_per_round=None,
-                       rows_per_decode_round=sim.decode_rows / sim.decode_rounds if sim.decode_rounds else None,
-                       host_ms_per_round=None, simulated=True)
-            report["systems"].append(row)
-            echo_row(row, len(prompts))
+    if peers:
+        click.echo("SuffixDecoding (arctic-inference) SIMULATED on the plain greedy ids: no forwards run, "
+                   "so no tok/s; BF: budget B nodes, factor F, tree drafts, min_token_prob 0")
+    for (peer_budget, peer_factor), glob in itertools.product(peers, (False, True)):
+        sim = suffix_decoding_peer(greedy_runs, peer_budget, peer_factor, 0.0, glob)
+        row = dict(system=f"SuffixDecoding B{peer_budget} F{peer_factor:g}" + (" +global" if glob else ""),
+                   tokens=sim.tokens, forwards=sim.forwards, compression=sim.tokens / sim.forwards,
+                   same_as_plain=len(prompts), tokens_per_s=None, speedup=None, rows_per_round=None,
+                   rows_per_decode_round=sim.decode_rows / sim.decode_rounds if sim.decode_rounds else None,
+                   host_ms_per_round=None, simulated=True)
+        report["systems"].append(row)
+        echo_row(row, len(prompts))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)

@@ -16,7 +16,7 @@ def test_bench_core_tiny(tmp_path):
     out = tmp_path / "core.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
            "--dtype", "float64", "--limit", "3", "--max-new-tokens", "24", "--threads", "1", "--seeding", "on",
-           "--prompt-lookup", "6", "--suffix-peer", "16,4", "--json-out", str(out), "--configs",
+           "--prompt-lookup", "6", "--suffix-peer", "16,4;16,8", "--json-out", str(out), "--configs",
            "3,4,3;0,3,0,2,8,2;3,4,3,2,8,2;0,3,0,suffix_factor=4,suffix_tokens=16;"
            "0,3,0,suffix_factor=4,suffix_tokens=16,job_cache=true"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -25,7 +25,8 @@ def test_bench_core_tiny(tmp_path):
     report = json.loads(out.read_text())
     systems = {s["system"]: s for s in report["systems"]}
     suffix, job = "0,3,0 S4x16", "0,3,0 S4x16+job"
-    peers = ["SuffixDecoding B16 F4", "SuffixDecoding B16 F4 +global"]
+    peers = ["SuffixDecoding B16 F4", "SuffixDecoding B16 F4 +global", "SuffixDecoding B16 F8",
+             "SuffixDecoding B16 F8 +global"]
     assert list(systems) == ["plain greedy", "prompt lookup k=6", "3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2",
                              suffix, job] + peers
     plain = systems["plain greedy"]

@@ -441,10 +441,10 @@ def chat_model(monkeypatch):
     """Jobs in this test load the tiny model with a chat template."""
     real = lp.jobs.runner.load_model
 
-    def load(name, dtype, device):
-        loaded = real(name, dtype=dtype, device=device)
+    def load(name, dtype, device, **kwargs):
+        loaded = real(name, dtype=dtype, device=device, **kwargs)
         return LoadedModel(loaded.model, TinyChatTokenizer(loaded.tokenizer.vocab_size, loaded.tokenizer.eos_token_id),
-                           loaded.name, loaded.eos_token_ids)
+                           loaded.name, loaded.eos_token_ids, loaded.linear_kernels)
     monkeypatch.setattr(lp.jobs.runner, "load_model", load)
 
 
