@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ TINY = "tiny-random-llama"
 CPU_LINEARS = ("torch", "onednn")
 ONEDNN_PACK_ROWS = 32   # the row count the packed layout is tuned for (measured best of 1..32 on SmolLM2)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+logger = logging.getLogger(__name__)
 TINY_DEFAULTS = dict(vocab=64, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seed=0, eos=2, max_pos=2048)
 
 
@@ -121,20 +123,22 @@ def use_onednn_linears(model: torch.nn.Module) -> bool:
                if isinstance(child, torch.nn.Linear)]
     if not linears:
         return False
-    weight = linears[0][2].weight
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+    first = linears[0][2]
+    if first.weight.device.type != "cpu" or first.weight.dtype not in (torch.float32, torch.bfloat16):
         return False
-    try:
-        probe = OneDNNLinear(linears[0][2])
-        x = torch.randn(3, probe.in_features, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    try:        # pack the first layer and check it against F.linear; it then serves as that layer
+        packed = OneDNNLinear(first)
+        x = torch.randn(3, first.in_features, generator=torch.Generator().manual_seed(0)).to(first.weight.dtype)
         with torch.no_grad():
-            got, want = probe(x).float(), torch.nn.functional.linear(x, weight, linears[0][2].bias).float()
+            got, want = packed(x).float(), torch.nn.functional.linear(x, first.weight, first.bias).float()
         if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
+            logger.warning("oneDNN's packed linear disagrees with F.linear here: the stock kernels stay")
             return False
-    except (RuntimeError, AttributeError, NotImplementedError):     # a torch without oneDNN's linear ops
+    except (RuntimeError, AttributeError, NotImplementedError) as e:   # a torch without oneDNN's linear ops
+        logger.warning("oneDNN's packed linear is not available (%s): the stock kernels stay", _one_line(e))
         return False
     for parent, name, child in linears:
-        setattr(parent, name, OneDNNLinear(child))
+        setattr(parent, name, packed if child is first else OneDNNLinear(child))
     return True
 
 
