@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from lp.decode.arch import check_model
 from lp.decode.device import Uploader, uniforms
 from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, forward_logits, publish, round_cache
 from lp.decode.layout import bucket, build_round, descriptors, round_mask
@@ -97,6 +98,7 @@ def lookahead_generate(
     (`sampling_on_device`, the default except on a CPU, where reading rows
     lazily costs no sync and warps only the rows the walk visits)."""
     check(lookahead, generation)
+    kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode {compile_mode!r} must be one of {', '.join(COMPILE_MODES)}")
     comm = comm or Comm()
@@ -149,12 +151,12 @@ def lookahead_generate(
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = uploader.send(sections)
-        mask = round_mask(dev, cached, cache.length, tree.max_depth, model.dtype)
+        mask = round_mask(dev, cached, cache.length, tree.max_depth, model.dtype, kinds)
         slots = torch.arange(cached, cached + q, device=device)
-        logits = forward_logits(model, dev["ids"][None], dev["pos"][None], mask, cache, dev["keep"], slots,
-                                compiled)[:len(keep)]
+        logits = forward_logits(model, dev["ids"][None], dev["pos"][None], mask.attention, cache, dev["keep"],
+                                slots, compiled)[:len(keep)]
         predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
-        node_tensors = _node_tensors(dev, mask[0, 0, :, cached:], first_row, len(nodes))
+        node_tensors = _node_tensors(dev, mask.visible, first_row, len(nodes))
         if warp is None:
             head, after, path = tree_verdict(predicted[0], *node_tensors, predicted[1 + deep:],
                                              first_node=nodes.start, width=width)
@@ -228,12 +230,12 @@ def round_rows_bound(params: LookaheadParams, width: int) -> int:
 
 def _node_tensors(dev: dict[str, torch.Tensor], block: torch.Tensor, first_row: int, count: int):
     """This rank's tree nodes from the uploaded rows: tokens, parents (local indices, -1: the
-    root), depths and the ancestor-or-self matrix (read off the round's mask `block`: a node
-    sees exactly its ancestors and itself among the nodes), all on the device."""
+    root), depths and the ancestor-or-self matrix (read off the round's visibility `block`: a
+    node sees exactly its ancestors and itself among the nodes), all on the device."""
     rows = slice(first_row, first_row + count)
     parent = dev["parent"][rows]
     parents = torch.where(parent >= 0, parent - first_row, -1)
-    return dev["ids"][rows], parents, dev["off"][rows] + 1, block[rows, rows] == 0
+    return dev["ids"][rows], parents, dev["off"][rows] + 1, block[rows, rows]
 
 
 def sampling_tables(tree: TokenTree, nodes: range, draws: Draws, round_: int) -> dict[str, list[int]]:

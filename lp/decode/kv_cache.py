@@ -2,7 +2,8 @@
 
 `RoundCache` is a static K/V cache sized once (prompt + max_new_tokens + the
 largest round, rounded up to a power of two): each layer's keys and values are preallocated
-[1, heads, length, dim] tensors at fixed addresses. A round writes its rows
+[1, heads, length, dim] tensors at fixed addresses, in the heads and head sizes that layer writes
+(read off the model by one probe forward: MLA keys and values differ in head size). A round writes its rows
 to cache slots [past, past + Q) in place (`index_copy_`), the model attends
 over all `length` slots through the round's mask (which hides every slot
 past the round), and publication copies the accepted rows to the frontier
@@ -23,9 +24,10 @@ from __future__ import annotations
 
 import inspect
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
 COMPILE_MODES = ("off", "default", "reduce-overhead")
@@ -34,11 +36,11 @@ COMPILE_MODES = ("off", "default", "reduce-overhead")
 class _RoundLayer(CacheLayerMixin):
     is_compileable = True
 
-    def __init__(self, owner: "RoundCache", heads: int, dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, owner: "RoundCache", shape: "LayerShape", dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.owner = owner
-        self.keys = torch.zeros(1, heads, owner.length, dim, dtype=dtype, device=device)
-        self.values = torch.zeros(1, heads, owner.length, dim, dtype=dtype, device=device)
+        self.keys = torch.zeros(1, shape.key_heads, owner.length, shape.key_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(1, shape.value_heads, owner.length, shape.value_dim, dtype=dtype, device=device)
         torch._dynamo.mark_static_address(self.keys)     # fixed addresses: CUDA graphs replay against them
         torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True                       # allocated up front: no branch inside a graph
@@ -61,19 +63,42 @@ class _RoundLayer(CacheLayerMixin):
         return self.owner.length
 
 
+class LayerShape(NamedTuple):
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+
+
+def layer_shapes(model) -> list[LayerShape]:
+    """What each layer of `model` writes to its cache per position, as the model itself writes it: one
+    forward of one token through a DynamicCache, read back (MLA layers write keys and values of different
+    head sizes; multi-query, grouped and per-layer head counts all come out as they are). Made once
+    per model."""
+    shapes = model.__dict__.get("_lp_layer_shapes")
+    if shapes is None:
+        device = next(model.parameters()).device
+        probe = DynamicCache()
+        with torch.inference_mode():
+            forward(model, probe, input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+                    position_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+        shapes = [LayerShape(layer.keys.shape[1], layer.keys.shape[-1], layer.values.shape[1],
+                             layer.values.shape[-1]) for layer in probe.layers]
+        model._lp_layer_shapes = shapes
+    return shapes
+
+
 class RoundCache(Cache):
     """Static cache of `length` slots for every layer of `model`, allocated at once in the model's
-    dtype on its device; `slots` (a device tensor) says where the next forward's rows go."""
+    dtype on its device, each layer in the shape it writes (`layer_shapes`); `slots` (a device
+    tensor) says where the next forward's rows go."""
 
     def __init__(self, model, length: int):
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         param = next(model.parameters())
         self.length = length
         self.slots: torch.Tensor | None = None
-        super().__init__(layers=[_RoundLayer(self, heads, dim, param.dtype, param.device)
-                                 for _ in range(config.num_hidden_layers)])
+        super().__init__(layers=[_RoundLayer(self, shape, param.dtype, param.device)
+                                 for shape in layer_shapes(model)])
 
 
 def round_cache(model, need: int) -> RoundCache:

@@ -27,6 +27,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from lp.decode.arch import CHUNKED, SLIDING, LayerAttention, windowed
 from lp.decode.tree import EMPTY, TokenTree
 
 ORDINARY, BASE, DEEP, TREE, PAD = range(5)
@@ -159,20 +160,48 @@ def visibility_from(role: torch.Tensor, level: torch.Tensor, col: torch.Tensor, 
     return sees_ordinary | sees_base | sees_deep | tree | itself
 
 
-def round_mask(rows: dict[str, torch.Tensor], past: int, length: int, depth: int,
-               dtype: torch.dtype) -> torch.Tensor:
+class RoundMask(NamedTuple):
+    attention: torch.Tensor | dict[str, torch.Tensor]   # what the forward's attention_mask gets
+    visible: torch.Tensor                                # [Q, Q] bool: the visibility rule among the rows
+
+
+def round_mask(rows: dict[str, torch.Tensor], past: int, length: int, depth: int, dtype: torch.dtype,
+               kinds: dict[str, LayerAttention] | None = None) -> RoundMask:
     """Additive 4-D mask [1, 1, Q, length] for a round written to cache slots [past, past + Q)
     of a cache of `length` slots: every real row sees the committed prefix [0, past), the
-    round's rows by the visibility rule, nothing after; built on the rows' device. The
-    round's own block (the visibility matrix) is `mask[0, 0, :, past:past + Q] == 0`."""
+    round's rows by the visibility rule, nothing after; built on the rows' device.
+
+    `kinds` (lp.decode.arch.attention_kinds: layer type -> rule) adds each windowed type's rule
+    on positions: a sliding row also hides keys `size` or more positions behind it, a chunked row
+    keys outside its chunk. With one layer type the mask is one tensor, with several a mapping
+    from type name to mask (what transformers' models take per layer); without windows nothing
+    changes. Committed slot i holds position i; the round's slots hold their rows' positions."""
     role = rows["role"]
     q, device, low = role.numel(), role.device, torch.finfo(dtype).min
     vis = visibility_from(role, rows["level"], rows["col"], rows["off"], rows["parent"], depth)
-    mask = torch.full((q, length), low, dtype=dtype, device=device)
-    zero = torch.zeros((), dtype=dtype, device=device)
-    mask[:, :past] = torch.where((role != PAD)[:, None], zero, low)
-    mask[:, past:past + q] = torch.where(vis, zero, low)
-    return mask[None, None]
+    seen = torch.zeros((q, length), dtype=torch.bool, device=device)
+    seen[:, :past] = (role != PAD)[:, None]
+    seen[:, past:past + q] = vis
+    if not kinds or not windowed(kinds):
+        return RoundMask(_additive(seen, dtype, low), vis)
+    qpos = rows["pos"][:, None]
+    kpos = torch.arange(length, device=device)
+    kpos[past:past + q] = rows["pos"]
+    masks = {}
+    for name, kind in kinds.items():
+        if kind.rule == SLIDING:
+            keep = seen & (qpos - kpos[None, :] < kind.size)
+        elif kind.rule == CHUNKED:
+            keep = seen & (qpos // kind.size == kpos[None, :] // kind.size)
+        else:
+            keep = seen
+        masks[name] = _additive(keep, dtype, low)
+    return RoundMask(masks if len(masks) > 1 else next(iter(masks.values())), vis)
+
+
+def _additive(keep: torch.Tensor, dtype: torch.dtype, low: float) -> torch.Tensor:
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    return torch.where(keep, zero, low)[None, None]
 
 
 def ancestors(is_node: torch.Tensor, parent: torch.Tensor, depth: int) -> torch.Tensor:

@@ -203,7 +203,8 @@ def round_forward(model, prefix: int, rows: int):
     def prepared(ordinary, past):
         rnd = build_round(ordinary, past + len(ordinary) - 1, [])
         dev = {k: torch.tensor(v, device=device) for k, v in descriptors(rnd).items()}
-        return (dev["ids"][None], dev["pos"][None], round_mask(dev, past, cache.length, 0, model.dtype), cache,
+        mask = round_mask(dev, past, cache.length, 0, model.dtype).attention
+        return (dev["ids"][None], dev["pos"][None], mask, cache,
                 torch.arange(len(ordinary), device=device), torch.arange(past, past + len(ordinary), device=device))
 
     with torch.inference_mode():
@@ -312,9 +313,8 @@ def _round_forward(cfg, prefix: int, rows: int, device):
     """`round_forward` on the job's model, loaded on `device` (a CUDA rank) or the job's device."""
     from lp.models import load_model
 
-    model = load_model(cfg.model.name, dtype=cfg.model.dtype,
-                       device=str(device) if device.type == "cuda" else cfg.model.device,
-                       cpu_linear=cfg.model.linear_kernels()).model
+    model = load_model(cfg.model.name, **{**cfg.model.load_kwargs(),
+                                          "device": str(device) if device.type == "cuda" else cfg.model.device}).model
     return round_forward(model, prefix, rows)
 
 
@@ -378,8 +378,7 @@ def _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier=None):
 
     if threads is not None:
         torch.set_num_threads(threads)
-    loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device,
-                        cpu_linear=cfg.model.linear_kernels())
+    loaded = load_model(cfg.model.name, **cfg.model.load_kwargs())
     dev = next(loaded.model.parameters()).device
     return forward_curve(loaded.model, prefix, list(rows_list), repeats, barrier=barrier)
 

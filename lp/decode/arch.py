@@ -1,0 +1,135 @@
+"""What a decoder architecture asks of a round, read from its config: the attention rule of each layer
+type, and whether lookahead can be exact on it at all.
+
+A round's rows see cache slots and each other by the visibility rule (lp/decode/layout.py). Layers of a
+sliding-window type (Mistral, Qwen2 with `use_sliding_window`, Gemma 2/3 local layers, GPT-OSS, ...) also
+hide every key whose position is `size` or more before the row's own position; chunked layers (Llama 4)
+hide every key outside the row's chunk of `size` positions. Positions, not cache slots: a tree node at
+position p + d stands for the token the model would see at p + d in plain decoding, and transformers'
+rules (masking_utils: `kv_idx > q_idx - sliding_window`, `kv_idx // chunk == q_idx // chunk`) compare
+sequence indices, which are positions there.
+
+The layer types come from `config.layer_types` where the config has it; otherwise every layer is
+sliding when `sliding_window` is set, chunked when `attention_chunk_size` is, else full (the rule the
+single-mask models apply: `create_sliding_window_causal_mask` whenever `sliding_window` is not None).
+Models with one layer type take one mask; models with several take a mapping from layer type to mask.
+
+Refused (`refusal`): layers with recurrent state (Mamba/SSM, linear attention, short convolutions:
+their state is not per-position K/V, so a round's rejected rows would pollute it), layers sharing
+another layer's K/V, encoder-decoders, bidirectional attention, and attention implementations other
+than SDPA and eager (they ignore an explicit 4-D mask).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")     # the two that take a round's explicit 4-D float mask
+_RULES = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attention": CHUNKED}
+# families whose state is recurrent, named in case a config does not list its layer types
+RECURRENT_MODEL_TYPES = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "bamba", "zamba", "zamba2",
+    "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2", "lfm2_moe", "qwen3_next", "minimax"})
+
+
+class LayerAttention(NamedTuple):
+    rule: str       # FULL, SLIDING or CHUNKED
+    size: int = 0   # the window (SLIDING) or chunk (CHUNKED), in positions
+
+
+def text_config(config):
+    """The decoder's config (a multimodal or composite config's text part)."""
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get is not None else config
+
+
+def layer_types(config) -> list[str]:
+    """Each layer's attention type name, as the model's own code reads it."""
+    config = text_config(config)
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)
+    if getattr(config, "sliding_window", None) is not None:
+        kind = "sliding_attention"
+    elif getattr(config, "attention_chunk_size", None) is not None:
+        kind = "chunked_attention"
+    else:
+        kind = "full_attention"
+    return [kind] * config.num_hidden_layers
+
+
+def attention_kinds(config) -> dict[str, LayerAttention]:
+    """Layer type name -> its rule, for every type the model has (in first-layer order). Raises
+    ValueError for a type that is not full, sliding or chunked attention (see `refusal`)."""
+    config = text_config(config)
+    kinds: dict[str, LayerAttention] = {}
+    for name in layer_types(config):
+        if name in kinds:
+            continue
+        rule = _RULES.get(name)
+        if rule is None:
+            raise ValueError(f"{config.model_type}: layers of type {name!r} keep state that is not per-position "
+                             f"K/V, so lookahead cannot be exact on this model")
+        size = getattr(config, "sliding_window", None) if rule == SLIDING else \
+            getattr(config, "attention_chunk_size", None) if rule == CHUNKED else 0
+        if size is None or size < 0:
+            raise ValueError(f"{config.model_type}: layers of type {name!r} need a window size, the config has "
+                             f"{size!r}")
+        kinds[name] = LayerAttention(rule, int(size))
+    return kinds
+
+
+def windowed(kinds: dict[str, LayerAttention]) -> bool:
+    """Whether any layer hides keys beyond the visibility rule (a round then builds a mask per type)."""
+    return any(k.rule != FULL for k in kinds.values())
+
+
+def refusal(model) -> str | None:
+    """Why lookahead cannot be exact on `model` (one line naming its type), or None when it can."""
+    config = text_config(model.config)
+    kind = getattr(config, "model_type", type(model).__name__)
+    if getattr(model.config, "is_encoder_decoder", False):
+        return f"{kind} is an encoder-decoder: lookahead decodes decoder-only causal LMs"
+    if kind in RECURRENT_MODEL_TYPES:
+        return f"{kind} has recurrent-state layers (Mamba/SSM, linear attention or convolutions): their state is " \
+               f"not per-position K/V, so a round's rejected rows cannot be dropped; lookahead cannot be exact on it"
+    if getattr(config, "use_bidirectional_attention", False):
+        return f"{kind} is configured with bidirectional attention: lookahead decodes causal LMs"
+    if getattr(config, "num_kv_shared_layers", 0) or getattr(config, "kv_sharing_modes", None):
+        return f"{kind} shares K/V between layers, which lp's round cache does not model"
+    try:
+        attention_kinds(config)
+    except ValueError as e:
+        return str(e)
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        return f"{kind} runs attn_implementation {implementation!r}: lookahead rounds need one of " \
+               f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (an explicit 4-D mask); load it with one of those"
+    return None
+
+
+def attention_implementation(config, requested: str = "auto") -> str:
+    """The attention implementation lp runs a model of `config` with: `requested` ('sdpa', 'eager'), or for
+    'auto' SDPA unless its attention modifies the scores in a way SDPA cannot take (soft-capping) or its
+    model class does not run SDPA (transformers' `_supports_sdpa`: attention sinks), then eager. ValueError
+    for 'sdpa' on a soft-capped model: transformers 5.17's SDPA path drops the cap silently."""
+    capped = getattr(text_config(config), "attn_logit_softcapping", None) is not None
+    if requested == "sdpa" and capped:
+        raise ValueError(f"{config.model_type} soft-caps its attention scores, which SDPA cannot apply: use "
+                         f"attn_implementation eager (or auto)")
+    if requested != "auto":
+        return requested
+    from transformers import AutoModelForCausalLM
+    try:
+        supports = AutoModelForCausalLM._model_mapping[type(config)]._supports_sdpa
+    except (KeyError, AttributeError, ValueError):
+        supports = True     # not a mapped class: transformers says at load if it cannot
+    return "eager" if capped or not supports else "sdpa"
+
+
+def check_model(model) -> dict[str, LayerAttention]:
+    """The model's attention kinds, or ValueError with `refusal`'s line."""
+    why = refusal(model)
+    if why is not None:
+        raise ValueError(why)
+    return attention_kinds(model.config)
