@@ -5,10 +5,16 @@ Names:
   path/to/file.gguf            any GGUF file
   path/to/dir or org/model     a transformers checkpoint directory or a Hugging Face id (local cache first)
   tiny-random-llama?vocab=64&layers=2&...   a small random Llama, deterministic for a given spec
+  tiny-random-<family>?vocab=64&layers=2&seed=0   a small random model of another family (lp/tiny.py: gemma2,
+                               qwen2-swa, deepseek-v3, ...), with the tiny Llama's toy tokenizer
 
 GGUF files are dequantized once and saved as float32 safetensors under $LP_CACHE_DIR (default ~/.cache/lp),
-so later loads are fast. Every model is in eval mode and uses SDPA attention, so the engine's explicit 4-D float
-attention masks and position_ids work.
+so later loads are fast. Every model is in eval mode with an attention implementation that takes the engine's
+explicit 4-D float masks: `attn_implementation="auto"` is SDPA where transformers runs the model's attention
+through it, eager where it does not (Gemma 2's soft-capped scores, GPT-OSS's attention sinks); "sdpa" or
+"eager" force one. In float64 the experts of a mixture-of-experts model run transformers' eager expert loop
+(its grouped matmul has no float64 kernel). A model whose cache is not per-position K/V (recurrent layers,
+an encoder-decoder; lp.decode.arch.refusal) fails at load with one line naming its type.
 
 `cpu_linear="onednn"` holds every Linear weight pre-packed for oneDNN's matmul (see `use_onednn_linears`): on an
 x86 CPU in float32 or bfloat16 every row count runs faster than the stock kernel, most of all the 2-32 row
@@ -30,12 +36,17 @@ from pathlib import Path
 import huggingface_hub.constants
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from lp.decode.arch import ATTENTION_IMPLEMENTATIONS, attention_implementation, refusal
+from lp.tiny import FAMILIES, REFUSED, family_config, tiny_random
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = "tiny-random-llama"
+TINY_FAMILY = "tiny-random-"      # tiny-random-<family>: lp/tiny.py
 CPU_LINEARS = ("torch", "onednn")
+ATTN_IMPLEMENTATIONS = ("auto", *ATTENTION_IMPLEMENTATIONS)
 ONEDNN_PACK_ROWS = 32   # the row count the packed layout is tuned for (measured best of 1..32 on SmolLM2)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 logger = logging.getLogger(__name__)
@@ -56,21 +67,33 @@ class LoadedModel:
 
 
 def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "auto",
-               cpu_linear: str = "torch") -> LoadedModel:
-    """Load `name` (see the module docstring) in eval mode with SDPA attention, on `device` ('auto', 'cpu',
-    'cuda', 'cuda:N') in `dtype` (float32, bfloat16, float16, float64), with `cpu_linear` kernels ('torch', or
-    'onednn' where it applies: `use_onednn_linears`). Raises ModelLoadError on any failure."""
+               cpu_linear: str = "torch", attn_implementation: str = "auto") -> LoadedModel:
+    """Load `name` (see the module docstring) in eval mode on `device` ('auto', 'cpu', 'cuda', 'cuda:N') in
+    `dtype` (float32, bfloat16, float16, float64), with `attn_implementation` ('auto', 'sdpa', 'eager') and
+    `cpu_linear` kernels ('torch', or 'onednn' where it applies: `use_onednn_linears`). Raises ModelLoadError
+    on any failure, and for a model lookahead cannot be exact on."""
     if cpu_linear not in CPU_LINEARS:
         raise ModelLoadError(f"unsupported cpu_linear {cpu_linear!r}; expected one of {', '.join(CPU_LINEARS)}")
-    loaded = _load(str(name), _dtype(dtype), _device(device))
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ModelLoadError(f"unsupported attn_implementation {attn_implementation!r}; expected one of "
+                             f"{', '.join(ATTN_IMPLEMENTATIONS)}")
+    loaded = _load(str(name), _dtype(dtype), _device(device), attn_implementation)
+    why = refusal(loaded.model)
+    if why is not None:
+        raise ModelLoadError(f"cannot decode {name!r} with lookahead: {why}")
     if cpu_linear == "onednn" and use_onednn_linears(loaded.model):
         loaded.linear_kernels = "onednn"
     return loaded
 
 
-def _load(name: str, torch_dtype: torch.dtype, dev: torch.device) -> LoadedModel:
+def _load(name: str, torch_dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
     if name == TINY or name.startswith(TINY + "?"):
-        return tiny_random_llama(**_tiny_spec(name), dtype=torch_dtype, device=dev)
+        loaded = tiny_random_llama(**_tiny_spec(name), dtype=torch_dtype, device=dev)
+        if attn == "eager":
+            loaded.model.set_attn_implementation("eager")
+        return loaded
+    if name.startswith(TINY_FAMILY):
+        return _tiny_family(name, torch_dtype, dev, attn)
     if name == SMOLLM2:
         source = _convert_gguf(_smollm2_file())
     elif name.endswith(".gguf"):
@@ -83,9 +106,11 @@ def _load(name: str, torch_dtype: torch.dtype, dev: torch.device) -> LoadedModel
     elif name.startswith(("/", ".", "~")):
         raise ModelLoadError(f"model directory not found: {name}")
     else:
-        return _finish(*_load_hub_id(name, torch_dtype, dev), name)
+        return _finish(*_load_hub_id(name, torch_dtype, dev, attn), name)
     try:
-        return _finish(*_pretrained(source, torch_dtype, dev), name)
+        return _finish(*_pretrained(source, torch_dtype, dev, attn), name)
+    except ModelLoadError:
+        raise
     except Exception as e:
         raise ModelLoadError(f"cannot load model {name!r} from {source}: {_one_line(e)}") from e
 
@@ -210,6 +235,28 @@ def _tiny_spec(name: str) -> dict[str, int]:
     return spec
 
 
+def _tiny_family(name: str, dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
+    family, _, query = name[len(TINY_FAMILY):].partition("?")
+    if family not in FAMILIES and family not in REFUSED:
+        raise ModelLoadError(f"unknown model {name!r}: tiny families are {', '.join(FAMILIES)} (and, refused by "
+                             f"lookahead, {', '.join(REFUSED)})")
+    spec = dict(vocab=64, layers=2, seed=0)
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key not in spec or not re.fullmatch(r"\d+", value):
+            raise ModelLoadError(f"bad option {item!r} in {name!r}: expected key=<int> with key one of "
+                                 f"{', '.join(spec)}")
+        spec[key] = int(value)
+    if spec["vocab"] < 4 or spec["layers"] < 1:
+        raise ModelLoadError(f"bad spec in {name!r}: need vocab >= 4 and layers >= 1")
+    try:
+        attn = attention_implementation(family_config(family, spec["vocab"], spec["layers"]), attn)
+        model = tiny_random(family, **spec, dtype=dtype, attn_implementation=attn, experts_implementation=_experts(dtype))
+    except ValueError as e:
+        raise ModelLoadError(f"cannot load {name!r}: {' '.join(str(e).split())}") from e
+    return _finish(model.to(dev), TinyTokenizer(spec["vocab"]), name)
+
+
 # ---- GGUF conversion ---------------------------------------------------------------------------------------
 
 
@@ -257,24 +304,38 @@ def _convert_gguf(gguf: Path) -> str:
 # ---- transformers checkpoints ------------------------------------------------------------------------------
 
 
-def _pretrained(source: str, dtype: torch.dtype, device: torch.device, **kwargs):
+def _pretrained(source: str, dtype: torch.dtype, device: torch.device, attn: str, **kwargs):
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    try:
+        attn = attention_implementation(config, attn)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device,
-                                                 attn_implementation="sdpa", **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device, attn_implementation=attn,
+                                                 experts_implementation=_experts(dtype), **kwargs)
     return model, tokenizer
 
 
-def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device):
-    tried = [f"built-in names ({SMOLLM2}, {TINY}[?...])", "a local directory or .gguf file"]
+def _experts(dtype: torch.dtype) -> str | None:
+    """Mixture-of-experts layers in float64 run transformers' eager expert loop (no double grouped matmul)."""
+    return "eager" if dtype == torch.float64 else None
+
+
+def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device, attn: str):
+    tried = [f"built-in names ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>)", "a local directory or .gguf file"]
     try:
-        return _pretrained(name, dtype, device, local_files_only=True)
+        return _pretrained(name, dtype, device, attn, local_files_only=True)
+    except ModelLoadError:
+        raise
     except Exception as e:
         tried.append(f"a Hugging Face id in the local cache ({_one_line(e)})")
     if huggingface_hub.constants.HF_HUB_OFFLINE:
         tried.append("the Hugging Face Hub (skipped: HF_HUB_OFFLINE is set)")
     else:
         try:
-            return _pretrained(name, dtype, device)
+            return _pretrained(name, dtype, device, attn)
+        except ModelLoadError:
+            raise
         except Exception as e:
             tried.append(f"the Hugging Face Hub ({_one_line(e)})")
     raise ModelLoadError(f"cannot load model {name!r}; tried " + "; ".join(tried))

@@ -1,5 +1,5 @@
 """A torchrun worker for the LP tests: decodes the cases of a JSON spec with the
-real process group and writes what it saw to <out>/rank<r>.json: per case the
+real process group (on its "model", or on the "models" its cases name: lp.tiny families too) and writes what it saw to <out>/rank<r>.json: per case the
 tokens, the collectives it issued, the rows it fed per round and, per round,
 the shard plan the engine followed (recorded by wrapping lp.engine's
 shard_plan, so a test can hold the rows fed to the plan).
@@ -20,7 +20,8 @@ from lp.decode.propose import SUFFIX_NGRAM
 from lp.decode.suffix import SuffixIndex
 from lp.parallel.dist import init_distributed, shutdown
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
-from lp.models import tiny_random_llama
+from lp.models import TinyTokenizer, tiny_random_llama
+from lp.tiny import tiny_random
 from sync_count import HostWaits, ours
 
 COLLECTIVES = [
@@ -90,23 +91,32 @@ def count_uploads():
     Uploader.send = counted
 
 
+def float64_model(model_spec):
+    """(model, tokenizer) in float64: a tiny Llama spec, or {"family": ..., ...} for lp.tiny's families."""
+    if "family" in model_spec:
+        model = tiny_random(**model_spec, dtype=torch.float64, experts_implementation="eager")
+        return model, TinyTokenizer(model.config.vocab_size)
+    loaded = tiny_random_llama(**model_spec)
+    return loaded.model.double(), loaded.tokenizer
+
+
 def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     comm = init_distributed("gloo", timeout_s=60)
-    loaded = tiny_random_llama(**spec["model"])
-    model = loaded.model.double()
+    models = {name: float64_model(m) for name, m in spec.get("models", {"": spec.get("model")}).items()}
     count_collectives()
     count_uploads()
     record_plans()
     results = []
     for case in spec["cases"]:
+        model, tokenizer = models[case.get("model", "")]
         before = Counter(calls)
         plans.clear()
         gen = GenerationParams(case["max_new"], stop=tuple(case.get("stop", ())), **case.get("sampling", {}))
         with HostWaits() as waits:
             r = lookahead_generate(model, case["prompt"], params(case), gen,
-                                   eos_token_ids=case.get("eos", []), tokenizer=loaded.tokenizer, comm=comm,
+                                   eos_token_ids=case.get("eos", []), tokenizer=tokenizer, comm=comm,
                                    request=case.get("request", 0), corpus=corpus(case),
                                    sampling_on_device=case.get("on_device"))
         done = calls - before

@@ -54,6 +54,8 @@ BAD = [
     ("compile-bool", {"model": {"compile": True}}, [], "model.compile:"),
     ("cpu-linear", {"model": {"cpu_linear": "mkl"}}, [], "model.cpu_linear:"),
     ("cpu-linear-compiled", {"model": {"cpu_linear": "onednn", "compile": "default"}}, [], "model.cpu_linear:"),
+    ("attn-implementation", {"model": {"attn_implementation": "flash_attention_2"}}, [],
+     "model.attn_implementation:"),
     ("name-empty", {"model": {"name": ""}}, [], "model.name:"),
     ("name-number", {"model": {"name": 135}}, [], "model.name:"),
     ("source", {"data": {"source": "mbpp"}}, [], "data.source:"),

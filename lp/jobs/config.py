@@ -3,7 +3,8 @@
 A job file has seven sections (every one optional; missing keys take the
 defaults below, which are the embedded default job configs/humaneval-smollm2.yaml):
 
-    model:      {name: smollm2-135m, dtype: float32, device: auto, compile: off, cpu_linear: auto}
+    model:      {name: smollm2-135m, dtype: float32, device: auto, compile: off, cpu_linear: auto,
+                 attn_implementation: auto}
     lookahead:  {window: 0, ngram: 4, guesses: 0, lookup_candidates: 0, suffix_factor: 8,
                  suffix_tokens: 32, suffix_min_score: 0.1, job_cache: true, ...}
     generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
@@ -53,7 +54,7 @@ import yaml
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
-from lp.models import CPU_LINEARS
+from lp.models import ATTN_IMPLEMENTATIONS, CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
 
 DTYPES = tuple(_MODEL_DTYPES)  # what load_model accepts
@@ -99,6 +100,14 @@ class ModelSection:
     # auto | onednn | torch: linear kernels on the CPU (lp.models.use_onednn_linears); auto is onednn for
     # eager forwards and torch with model.compile (inductor cannot lower a pre-packed weight it did not freeze)
     cpu_linear: str = "auto"
+    # auto | sdpa | eager (lp.models.attention_implementation): auto is SDPA unless the model's attention
+    # needs eager (soft-capped scores, attention sinks)
+    attn_implementation: str = "auto"
+
+    def load_kwargs(self) -> dict:
+        """What lp.models.load_model takes from this section besides the name (device as configured)."""
+        return dict(dtype=self.dtype, device=self.device, cpu_linear=self.linear_kernels(),
+                    attn_implementation=self.attn_implementation)
 
     def linear_kernels(self) -> str:
         """What load_model's cpu_linear gets: 'onednn' or 'torch'."""
@@ -114,6 +123,9 @@ class ModelSection:
         elif self.cpu_linear == "onednn" and self.compile != "off":
             out.append(f"model.cpu_linear: 'onednn' cannot be compiled (model.compile: {self.compile!r}): torch."
                        f"compile lowers only weights it packs itself; use auto or torch")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            out.append(f"model.attn_implementation: {self.attn_implementation!r} must be one of "
+                       f"{', '.join(ATTN_IMPLEMENTATIONS)}")
         if not self.name.strip():
             out.append(f"model.name: {self.name!r} must be a model name, a local directory or a .gguf path")
         if self.dtype not in DTYPES:

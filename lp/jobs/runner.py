@@ -93,8 +93,7 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             job.attach()
         t0 = time.perf_counter()
         device = str(comm.device) if comm.job_world > 1 else cfg.model.device
-        loaded = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device,
-                            cpu_linear=cfg.model.linear_kernels())
+        loaded = load_model(cfg.model.name, **{**cfg.model.load_kwargs(), "device": device})
         if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
             raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template "
                            f"(for a base model set data.chat_template: false)")
