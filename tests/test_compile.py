@@ -25,3 +25,20 @@ def test_compiled_rounds_identical_to_generate():
     r = lookahead_generate(model, PROMPT, params, GenerationParams(24), compile_mode="default")
     assert r.token_ids == greedy(model, PROMPT, 24)
     assert max(r.emitted_per_round) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma2", "deepseek-v3"])
+def test_compiled_rounds_on_windowed_and_mla_models(family):
+    """The compiled path with a mask per layer type (Gemma 2: sliding and full layers, eager, soft-capped)
+    and with keys and values of different head sizes (DeepSeek-V3's MLA; dense MLPs: float64 experts run
+    transformers' eager loop, whose data-dependent shapes fullgraph cannot trace), in float64."""
+    from lp.tiny import tiny_random
+    from test_architectures import PROMPTS, generate
+
+    torch._dynamo.reset()
+    model = tiny_random(family, dtype=torch.float64, **({"first_k_dense_replace": 2} if family == "deepseek-v3" else {}))
+    params = LookaheadParams(3, 4, 3, lookup_candidates=2, lookup_tokens=6, suffix_factor=4, suffix_tokens=20)
+    r = lookahead_generate(model, PROMPTS[1], params, GenerationParams(44), compile_mode="default")
+    assert r.token_ids == generate(model, PROMPTS[1])
+    assert max(r.emitted_per_round) > 1

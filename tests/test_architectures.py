@@ -1,0 +1,236 @@
+"""The architecture matrix: a tiny random model of every decoder family in lp/tiny.py decodes, in
+float64, to exactly `model.generate(do_sample=False)`'s ids, with the default job's lookahead and with
+a window + lookup + tree config whose trees run deeper than the sliding window; sequences pass every
+window (a 16-token window; prompts of 20 and 6 tokens, 44 new tokens); LP at P = 2 on the windowed,
+soft-capped, chunked and MLA families; recurrent and encoder-decoder models are refused with one line.
+
+Mixture-of-experts families run transformers' eager expert loop in float64 (its grouped matmul has no
+float64 kernel): that is how lp.models loads them in float64 too.
+"""
+import pytest
+import torch
+import transformers
+
+from lp.decode.arch import SLIDING, attention_kinds, windowed
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.jobs.config import JOB_LOOKAHEAD
+from lp.models import ModelLoadError, load_model
+from lp.tiny import FAMILIES, REFUSED, SLIDING as WINDOW, family_config, tiny_random
+from test_lp import torchrun
+
+PROMPTS = [[5, 9, 12, 5, 9, 30, 41, 5, 9, 12, 7, 7, 18, 22, 5, 9, 12, 40, 3, 11],   # 20 > the window already
+           [33, 8, 33, 8, 14, 60]]                                                  # passes it while decoding
+NEW = 44
+CONFIGS = {
+    "job": LookaheadParams(**JOB_LOOKAHEAD),
+    # Jacobi window, pool, lookup spans and suffix drafts of up to 24 nodes: deeper than the window
+    "window+lookup+tree": LookaheadParams(window=4, ngram=4, guesses=4, lookup_candidates=2, lookup_tokens=6,
+                                          suffix_factor=6, suffix_tokens=24),
+}
+WINDOWED = [f for f in FAMILIES if windowed(attention_kinds(family_config(f)))]
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = tiny_random(family, dtype=torch.float64, experts_implementation="eager")
+        return cache[family]
+    return get
+
+
+def generate(model, prompt, new=NEW):
+    x = torch.tensor([prompt])
+    return model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new,
+                          pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_is_identical_to_generate(models, family):
+    model = models(family)
+    assert model.dtype == torch.float64
+    multi = 0
+    for prompt in PROMPTS:
+        reference = generate(model, prompt)
+        assert len(set(reference)) >= 3, f"{family}: a degenerate reference proves nothing"
+        for name, params in CONFIGS.items():
+            r = lookahead_generate(model, prompt, params, GenerationParams(NEW))
+            assert r.token_ids == reference, (family, name, prompt)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+    assert multi >= 2, f"{family}: no round accepted a draft"
+
+
+def test_matrix_covers_the_families_people_run():
+    assert len(FAMILIES) >= 15
+    kinds = {f: attention_kinds(family_config(f)) for f in FAMILIES}
+    assert {"qwen2-swa", "mistral-swa", "gemma2", "gemma3", "gpt-oss", "llama4"} <= set(WINDOWED)
+    assert any(len(k) > 1 for k in kinds.values()) and any(len(k) == 1 and windowed(k) for k in kinds.values())
+    shapes = {f: family_config(f) for f in ("deepseek-v2", "deepseek-v3")}
+    assert all(c.qk_nope_head_dim + c.qk_rope_head_dim != c.v_head_dim for c in shapes.values())   # MLA
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_the_window_changes_the_output(models, family):
+    """Each windowed family's reference differs from the same model with the window opened wide: the
+    matrix's sequences really pass the window, so a round that ignored it would fail above."""
+    model = models(family)
+    config = model.config
+    key = "sliding_window" if any(k.rule == SLIDING for k in attention_kinds(config).values()) \
+        else "attention_chunk_size"
+    assert getattr(config, key) == WINDOW
+    windowed_ids = [generate(model, p) for p in PROMPTS]
+    setattr(config, key, 4096)
+    try:
+        wide = [generate(model, p) for p in PROMPTS]
+    finally:
+        setattr(config, key, WINDOW)
+    assert windowed_ids != wide, family
+
+
+def test_sliding_window_16_over_60_tokens(models):
+    """The issue's case: a 16-token window and a 60-token sequence, identical throughout (the engine
+    before per-layer masks differed from about position 17)."""
+    model = models("mistral-swa")
+    prompt = PROMPTS[1]
+    reference = generate(model, prompt, 60 - len(prompt))
+    for params in CONFIGS.values():
+        assert lookahead_generate(model, prompt, params, GenerationParams(60 - len(prompt))).token_ids == reference
+
+
+@pytest.mark.parametrize("family", list(REFUSED))
+def test_recurrent_families_are_refused(family):
+    with pytest.raises(ModelLoadError, match="recurrent-state layers"):
+        load_model(f"tiny-random-{family}", dtype="float32", device="cpu")
+    model = tiny_random(family)
+    with pytest.raises(ValueError, match=model.config.model_type):
+        lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+
+
+def test_encoder_decoder_is_refused():
+    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                                   decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    with pytest.raises(ValueError, match="t5 is an encoder-decoder"):
+        lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+
+
+def test_attention_that_ignores_the_mask_is_refused():
+    model = tiny_random("llama")
+    model.config._attn_implementation = "flash_attention_2"    # what a user might have loaded
+    with pytest.raises(ValueError, match="attn_implementation 'flash_attention_2'"):
+        lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+
+
+@pytest.mark.parametrize("family,attn", [("gemma2", "eager"), ("gpt-oss", "eager"), ("qwen2-swa", "sdpa"),
+                                         ("deepseek-v3", "sdpa")])
+def test_auto_attention_follows_the_model(family, attn):
+    loaded = load_model(f"tiny-random-{family}", dtype="float64", device="cpu")
+    assert loaded.model.config._attn_implementation == attn
+    eager = load_model(f"tiny-random-{family}", dtype="float64", device="cpu", attn_implementation="eager")
+    assert eager.model.config._attn_implementation == "eager"
+
+
+def test_sdpa_is_refused_for_soft_capped_attention():
+    with pytest.raises(ModelLoadError, match="soft-caps its attention scores"):
+        load_model("tiny-random-gemma2", dtype="float64", device="cpu", attn_implementation="sdpa")
+
+
+def test_eager_and_sdpa_rounds_both_match_their_generate(models):
+    """The same weights under either implementation: each equals generate on that implementation."""
+    for attn in ("eager", "sdpa"):
+        model = tiny_random("qwen2-swa", dtype=torch.float64, attn_implementation=attn)
+        assert model.config._attn_implementation == attn
+        got = lookahead_generate(model, PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+        assert got.token_ids == generate(model, PROMPTS[0])
+
+
+LP_FAMILIES = ["qwen2-swa", "mistral-swa", "gemma2", "gemma3", "llama4", "deepseek-v2", "deepseek-v3"]
+
+
+def test_lp_two_workers_on_windowed_and_mla_families(models, tmp_path):
+    """P = 2 (gloo, torchrun) gives generate's ids and the single worker's per-round counts."""
+    cases, expected = [], []
+    for family in LP_FAMILIES:
+        for prompt in PROMPTS:
+            for name, p in CONFIGS.items():
+                lookup = {k: getattr(p, k) for k in ("lookup_candidates", "lookup_tokens", "suffix_factor",
+                                                     "suffix_tokens", "suffix_min_score", "job_cache")}
+                cases.append(dict(model=family, prompt=prompt, w=p.window, n=p.ngram, g=p.guesses, max_new=NEW,
+                                  lookup=lookup))
+                single = lookahead_generate(models(family), prompt, p, GenerationParams(NEW))
+                assert single.token_ids == generate(models(family), prompt)
+                expected.append(single)
+    spec = {"models": {f: {"family": f} for f in LP_FAMILIES}, "cases": cases}
+    ranks = torchrun(2, spec, tmp_path)
+    for i, ref in enumerate(expected):
+        for rank in ranks:
+            got = rank["results"][i]
+            assert got["tokens"] == ref.token_ids, cases[i]
+            assert got["emitted"] == ref.emitted_per_round, cases[i]
+
+
+def test_gemma2_checkpoint_directory_runs_as_a_job(tmp_path):
+    """A saved Gemma 2 (soft-capped attention, 16-token sliding window on every other layer) with its
+    tokenizer, run by `python -m lp.run` with `model.name: <dir>`: loaded with eager attention, every
+    completion identical to transformers' generate (the job's in-run baseline) and to a direct generate."""
+    from click.testing import CliRunner
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    import json
+    import yaml
+
+    from lp.run import main
+
+    model = tiny_random("gemma2", dtype=torch.float32)
+    model.save_pretrained(tmp_path / "gemma2")
+    words = Tokenizer(WordLevel({"<pad>": 0, "<bos>": 1, "<eos>": 2, **{f"w{i}": i for i in range(3, 64)}},
+                                unk_token="<pad>"))
+    words.pre_tokenizer = Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", pad_token="<pad>") \
+        .save_pretrained(tmp_path / "gemma2")
+    prompts = [" ".join(f"w{t}" for t in p) for p in PROMPTS]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": p}) + "\n"
+                                                    for i, p in enumerate(prompts)))
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(tmp_path / "gemma2"), "dtype": "float64", "device": "cpu"},
+        "lookahead": {"window": 4, "ngram": 4, "guesses": 4, "lookup_candidates": 2, "suffix_factor": 6},
+        "generation": {"max_new_tokens": NEW},
+        "data": {"source": "jsonl", "path": str(tmp_path / "prompts.jsonl")},
+        "output": {"dir": str(tmp_path / "out")},
+        "baseline": True,
+    }))
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    loaded = load_model(str(tmp_path / "gemma2"), dtype="float64", device="cpu")
+    assert loaded.model.config._attn_implementation == "eager"
+    assert len(records) == len(PROMPTS)
+    for record, prompt in zip(records, PROMPTS):
+        assert record["error"] is None and record["baseline_ids_equal"], record
+        assert record["prompt_tokens"] == len(prompt) and record["new_tokens"] == NEW
+        assert record["token_ids"] == generate(loaded.model, prompt)
+
+
+def test_a_job_on_a_recurrent_model_exits_1_naming_it(tmp_path):
+    from click.testing import CliRunner
+    import json
+    import yaml
+
+    from lp.run import main
+
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"task_id": "t0", "prompt": "abc"}) + "\n")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({"model": {"name": "tiny-random-jamba", "device": "cpu"},
+                                      "data": {"source": "jsonl", "path": str(tmp_path / "prompts.jsonl")},
+                                      "output": {"dir": str(tmp_path / "out")}}))
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "jamba has recurrent-state layers" in lines[0], result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()
