@@ -18,7 +18,7 @@ import torch
 from lp.jobs.config import ConfigError, environment_problems, load_config
 from lp.jobs.data import DataError
 from lp.jobs.results import ResumeRefused
-from lp.jobs.runner import JobError, _one_line, run_job
+from lp.jobs.runner import JobError, StartRefused, _one_line, run_job
 from lp.jobs.summary import report
 from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
@@ -98,6 +98,8 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
         raise e
     except ResumeRefused as e:
         _fail(str(e), 2)
+    except StartRefused as e:
+        _fail(f"{_rank_prefix(comm)}{e}", e.status)
     except KeyboardInterrupt:
         _fail(f"{_rank_prefix(comm)}interrupted; the results written so far are kept: run the same command "
               f"again to resume", 130)

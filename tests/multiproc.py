@@ -42,13 +42,14 @@ def prompt_lines(records: list[tuple[str, str]]) -> list[str]:
     return [json.dumps({"task_id": t, "prompt": p}) for t, p in records]
 
 
-def start_ranks(config: Path, *args: str, world: int = 2) -> list[subprocess.Popen]:
+def start_ranks(config: Path, *args: str, world: int = 2, quiet: bool = True) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet", *args],
+        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config),
+                                       *(["--quiet"] if quiet else []), *args],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 

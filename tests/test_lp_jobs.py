@@ -1,6 +1,6 @@
 """Jobs under torchrun (2 gloo workers): a bad prompt is known to rank 0 only and is never sent,
 the baseline and the autoregressive method keep the ranks in step, and a startup refusal on
-rank 0 ends the other rank at once instead of at the collective timeout."""
+rank 0 ends the other rank at once, with rank 0's exit status, instead of at the collective timeout."""
 import json
 import time
 
@@ -21,8 +21,8 @@ def bad_prompts_job(tmp_path):
                      baseline={"enabled": True})
 
 
-def launch(config, *args, world=2):
-    procs = start_ranks(config, *args, world=world)
+def launch(config, *args, world=2, quiet=True):
+    procs = start_ranks(config, *args, world=world, quiet=quiet)
     try:
         outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
     finally:
@@ -58,11 +58,66 @@ def test_refusal_on_rank_0_ends_every_rank_and_autoregressive_runs_in_step(tmp_p
     assert launch(config)[0] == [0, 0]
     start = time.time()
     codes, outs = launch(config, "--set", "generation.max_new_tokens=8")
-    assert codes == [2, 0], outs                                  # rank 0 refuses, rank 1 stops with it
+    assert codes == [2, 2], outs                                  # rank 0 refuses, rank 1 stops with it
     assert time.time() - start < TIMEOUT_S / 2
-    assert "different config" in outs[0][1] and outs[1][1] == ""
+    assert "different config" in outs[0][1] and "rank 1: global rank 0 refused the job at startup" in outs[1][1]
     codes, outs = launch(config, "--fresh", "--set", "generation.method=autoregressive")
     assert codes == [0, 0], outs
     got = records(tmp_path / "out" / "results.jsonl")
     assert [r["method"] for r in got] == ["autoregressive"] * 6
     assert all(r["baseline_ids_equal"] for r in got if r["finish_reason"] != "error")
+
+
+@pytest.mark.parametrize("lp_size", [2, 1])
+def test_a_startup_refusal_fails_every_rank_of_every_group(tmp_path, lp_size):
+    """One LP group of two, or two groups of one: rank 0 refuses a resume with another config (exit 2)
+    and every other rank exits 2 too, saying so in one line (it used to end 0 as if the job had run)."""
+    lines = [json.dumps({"task_id": t, "prompt": p}) for t, p in [("a", "abcabc"), ("b", "xyzxyz")]]
+    config = write_job(tmp_path, lines, distributed={"timeout_s": TIMEOUT_S, "lp_size": lp_size})
+    first = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert first.exit_code == 0, first.output
+    start = time.time()
+    codes, outs = launch(config, "--set", "generation.max_new_tokens=3")
+    assert codes == [2, 2], outs
+    assert time.time() - start < TIMEOUT_S / 2
+    assert "different config" in outs[0][1]
+    errors = [line for line in outs[1][1].splitlines() if line.startswith("error:")]
+    assert errors == ["error: rank 1: global rank 0 refused the job at startup (exit 2): its error line says why"]
+
+
+def test_progress_counts_every_groups_records(tmp_path):
+    """Two LP groups of one: the job-wide count each leader's progress line (and global rank 0's bar)
+    shows runs 1..N over both groups, each number once (it used to count each group's own records)."""
+    import re
+
+    lines = [json.dumps({"task_id": f"t{i}", "prompt": p}) for i, p in enumerate(["abcabc", "xyzxyz", "hello", "abab"])]
+    config = write_job(tmp_path, lines, distributed={"timeout_s": TIMEOUT_S, "lp_size": 1},
+                       generation={"max_new_tokens": 6})
+    codes, outs = launch(config, quiet=False)
+    assert codes == [0, 0], outs
+    counts = [int(m) for _, err in outs for m in re.findall(r"\[(\d+)/4\] t\d", err)]
+    assert sorted(counts) == [1, 2, 3, 4], outs
+
+
+def test_the_bar_follows_the_other_groups(capsys):
+    """Global rank 0's bar on a shared store: another group's records move it, while rank 0 decodes and
+    while it waits for the others."""
+    from torch.distributed import HashStore
+
+    from lp.jobs.handout import Handout
+    from lp.jobs.runner import Progress, _count
+
+    store = HashStore()
+    mine, other = Handout(store, 5, 2), Handout(store, 5, 2)
+    bar = Progress(5, kept=1, enabled=True)
+    try:
+        other.finish_one(), other.finish_one()                   # group 1 wrote two records
+        bar.advance(done=_count(bar, mine))                      # rank 0 writes its first
+        assert bar.done == bar.bar.n == 4
+        mine.done()
+        other.finish_one()
+        other.done()
+        mine.wait_all(poll=lambda: bar.advance(done=bar.kept + mine.finished()))
+        assert bar.done == bar.bar.n == 5
+    finally:
+        bar.close()

@@ -28,6 +28,7 @@ class Handout:
         self.next_key = store_prefix() + "next"
         self.done_key = store_prefix() + "done"
         self.complete_key = store_prefix() + "complete"
+        self.finished_key = store_prefix() + "finished"
 
     def __iter__(self) -> Iterator[int]:
         """The prompt indices this group claims, in claim order."""
@@ -37,18 +38,30 @@ class Handout:
         while (index := self.store.add(self.next_key, 1) - 1) < self.total:
             yield index
 
+    def finish_one(self) -> int | None:
+        """A leader has written one more record: the job's count of this run's records (None: one group)."""
+        return None if self.store is None else self.store.add(self.finished_key, 1)
+
+    def finished(self) -> int:
+        """This run's records in the whole job so far (every group's)."""
+        return 0 if self.store is None else self.store.add(self.finished_key, 0)
+
     def done(self) -> None:
         """This group's leader has no more work (its records are written and its file closed)."""
         if self.store is not None:
             self.store.add(self.done_key, 1)
 
-    def wait_all(self, poll_s: float = 0.05) -> None:
-        """Until every group is done (global rank 0, before it reads the results); then says the job's
-        decoding is complete."""
+    def wait_all(self, poll_s: float = 0.05, poll=None) -> None:
+        """Until every group is done (global rank 0, before it reads the results), calling `poll()` while it
+        waits (the progress bar follows the other groups' records); then says the job's decoding is complete."""
         if self.store is None:
             return
         while self.store.add(self.done_key, 0) < self.groups:
+            if poll is not None:
+                poll()
             time.sleep(poll_s)
+        if poll is not None:
+            poll()
         self.store.set(self.complete_key, "1")
 
     def wait_complete(self, poll_s: float = 0.05) -> None:

@@ -36,7 +36,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
@@ -60,6 +60,20 @@ class JobError(RuntimeError):
     """A job that cannot start for a reason found after loading the model (exit 1)."""
 
 
+class StartRefused(JobError):
+    """Another rank of the job: global rank 0 refused the job at startup; this rank ends with its status."""
+
+    def __init__(self, status: int):
+        self.status = status
+        super().__init__(f"global rank 0 refused the job at startup (exit {status}): its error line says why")
+
+
+def start_status(failure: BaseException | None) -> int:
+    """The exit status global rank 0 stops a job with when it cannot open it (lp.run: 2 for a refused
+    resume, 1 otherwise), 0 to go."""
+    return 0 if failure is None else 2 if isinstance(failure, ResumeRefused) else 1
+
+
 def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fresh: bool = False,
             progress: bool = False) -> dict[str, Any] | None:
     """Run every prompt of the job that has no record yet. Global rank 0 returns the summary
@@ -80,10 +94,10 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             job.open(cfg, force=force, fresh=fresh)
         except (DataError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
-    if comm.job_world > 1 and not comm.job_go(failure is None):  # go / stop for every rank
+    if comm.job_world > 1 and (status := comm.job_go(start_status(failure))):   # go / stop for every rank
         if first:
             raise failure
-        return None
+        raise StartRefused(status)
     if failure:
         raise failure
     try:
@@ -107,14 +121,18 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             _follow(cfg, loaded, comm)
             handout.wait_complete()
             return None
-        _lead(cfg, loaded, comm, prompts, job, progress, handout)
-        if not first:
-            job.close()     # closed (and fsynced line by line) before the group counts itself done
+        bar = Progress(len(prompts), sum(p.task_id in job.records for p in prompts), enabled=progress)
+        try:
+            _lead(cfg, loaded, comm, prompts, job, bar, handout)
+            if not first:
+                job.close()     # closed (and fsynced line by line) before the group counts itself done
+                handout.done()
+                handout.wait_complete()
+                return None
             handout.done()
-            handout.wait_complete()
-            return None
-        handout.done()
-        handout.wait_all()
+            handout.wait_all(poll=lambda: bar.advance(done=bar.kept + handout.finished()))
+        finally:
+            bar.close()
         wall = time.perf_counter() - start
         records = job.job_records(p.task_id for p in prompts)
         evaluation = evaluate(cfg, records) if cfg.output.evaluate else None
@@ -164,9 +182,10 @@ def answer(cfg: JobConfig, prompt: Prompt, text: str) -> tuple[str, str]:
 
 
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
-          progress: bool, handout: Iterable[int] | None = None) -> None:
+          bar: "Progress", handout: Handout) -> None:
     """A group's leader: decode (and share with its group) every prompt it claims that has no record,
-    append each record (with the group's index) to its group's results file.
+    append each record (with the group's index) to its group's results file, and count it on the
+    handout, so that `bar` (global rank 0's) shows every group's records.
 
     With `lookahead.job_cache` the leader grows the job-wide index of completions in the order it
     claims prompts: a claimed prompt that already has a record adds its recorded ids, so a resumed
@@ -180,10 +199,9 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
         logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
                     len(prompts), len(todo))
     limit = context_limit(loaded.model)
-    bar = Progress(len(prompts), len(prompts) - len(todo), enabled=progress)
     shared = 0  # prompts sent to the other ranks (they count the same)
     try:
-        for index in (range(len(prompts)) if handout is None else handout):
+        for index in handout:
             prompt = prompts[index]
             if prompt.task_id in job.records:
                 if corpus is not None and job.records[prompt.task_id]["token_ids"]:
@@ -193,7 +211,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
             if error is not None:
                 job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
                 logger.warning("%s: error: %s", prompt.task_id, error)
-                bar.advance()
+                bar.advance(done=_count(bar, handout))
                 continue
             request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
             comm.share_ids([request, *ids])
@@ -204,7 +222,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
             record = {**result_record(prompt, ids, result, cfg.generation.method, base,
                                       answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
             job.append(record)
-            bar.advance(result)
+            bar.advance(result, done=_count(bar, handout))
             logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
                         bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
                         result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
@@ -213,8 +231,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                         f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
                         f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
     finally:
-        bar.close()
-    comm.share_ids(None)  # no more work
+        comm.share_ids(None)  # no more work
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
@@ -293,11 +310,19 @@ def context_limit(model) -> int | None:
     return None
 
 
-class Progress:
-    """A tqdm bar over the job's prompts on rank 0 with live tokens/s and S (this run's prompts)."""
+def _count(bar: "Progress", handout: Handout) -> int | None:
+    """Prompts with a record in the whole job after this one: kept ones plus every group's (None: one group)."""
+    finished = handout.finish_one()
+    return None if finished is None else bar.kept + finished
 
-    def __init__(self, total: int, done: int, enabled: bool):
-        self.done, self.tokens, self.forwards, self.seconds = done, 0, 0, 0.0
+
+class Progress:
+    """A tqdm bar over the job's prompts on global rank 0: the records of every LP group (read off the
+    handout's count), with live tokens/s and S of rank 0's own group (this run's prompts)."""
+
+    def __init__(self, total: int, kept: int, enabled: bool):
+        self.kept = kept
+        self.done, self.tokens, self.forwards, self.seconds = kept, 0, 0, 0.0
         self.bar = self._redirect = None
         if enabled:
             from tqdm import tqdm
@@ -308,8 +333,9 @@ class Progress:
             self._redirect = logging_redirect_tqdm()  # log lines print above the bar
             self._redirect.__enter__()
 
-    def advance(self, result: GenerationResult | None = None) -> None:
-        self.done += 1
+    def advance(self, result: GenerationResult | None = None, done: int | None = None) -> None:
+        """One more record (`result`: rank 0's own decode), or `done` records in the whole job."""
+        self.done = self.done + 1 if done is None else max(done, self.done)
         if result is not None:
             self.tokens += result.new_tokens
             self.forwards += result.forwards
@@ -318,7 +344,7 @@ class Progress:
             if self.forwards:
                 self.bar.set_postfix_str(f"{tokens_per_second(self.tokens, self.seconds) or 0:.1f} tok/s, "
                                          f"S={self.tokens / self.forwards:.2f}", refresh=False)
-            self.bar.update(1)
+            self.bar.update(self.done - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

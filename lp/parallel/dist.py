@@ -101,13 +101,14 @@ class Comm:
         dist.broadcast(buf, self.src, group=self.cpu_group)
         return buf.tolist()
 
-    def job_go(self, go: bool) -> bool:
-        """Global rank 0's go (True) or stop (False) on every rank of the job; before any work."""
+    def job_go(self, status: int) -> int:
+        """Global rank 0's verdict on every rank of the job, before any work: 0 (go) or the exit status
+        it stops with."""
         if self.job_group is None:
-            return go
-        flag = torch.tensor([1 if go else 0], dtype=torch.long)
+            return status
+        flag = torch.tensor([status], dtype=torch.long)
         dist.broadcast(flag, 0, group=self.job_group)
-        return bool(flag.item())
+        return int(flag.item())
 
     def world_barrier(self) -> None:
         """Every rank of the job gets here (bounded by distributed.timeout_s)."""
