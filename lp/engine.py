@@ -83,6 +83,7 @@ def lookahead_generate(
     corpus: SuffixIndex | None = None,
     compile_mode: str = "off",
     sampling_on_device: bool | None = None,
+    streamer=None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
@@ -96,7 +97,9 @@ def lookahead_generate(
     default, reduce-overhead) runs the forward through torch.compile on rounds
     padded to a few fixed sizes. Sampling walks the tree on the device
     (`sampling_on_device`, the default except on a CPU, where reading rows
-    lazily costs no sync and warps only the rows the walk visits)."""
+    lazily costs no sync and warps only the rows the walk visits). A transformers `streamer`
+    (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
+    prompt is the caller's to put, as `generate` puts it before decoding."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -196,6 +199,8 @@ def lookahead_generate(
             if stopper.push(token):
                 break
         tokens += emitted
+        if streamer is not None and emitted:
+            streamer.put(torch.tensor(emitted))
         if proposer is not None:
             proposer.commit(emitted, ngrams)
         if comm.world == 1:      # the accepted rows' K/V were published; the last token is next round's row
@@ -212,6 +217,8 @@ def lookahead_generate(
         result.host_seconds += time.perf_counter() - round_start - forward_seconds
 
     result.decode_seconds = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
     result.token_ids = stopper.tokens
     result.text = stopper.text
     result.finish_reason = stopper.reason

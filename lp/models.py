@@ -223,30 +223,26 @@ def tiny_random_llama(vocab: int = 64, layers: int = 2, hidden: int = 64, heads:
     return _finish(model, TinyTokenizer(vocab, eos), name)
 
 
-def _tiny_spec(name: str) -> dict[str, int]:
+def _tiny_spec(name: str, keys=TINY_DEFAULTS) -> dict[str, int]:
+    """The `key=<int>` options after `?` in a tiny model's name (each key one of `keys`)."""
     query = name.partition("?")[2]
     spec = {}
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
-        if key not in TINY_DEFAULTS or not re.fullmatch(r"\d+", value):
+        if key not in keys or not re.fullmatch(r"\d+", value):
             raise ModelLoadError(f"bad option {item!r} in {name!r}: expected key=<int> with key one of "
-                                 f"{', '.join(TINY_DEFAULTS)}")
+                                 f"{', '.join(keys)}")
         spec[key] = int(value)
     return spec
 
 
 def _tiny_family(name: str, dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
-    family, _, query = name[len(TINY_FAMILY):].partition("?")
+    family = name[len(TINY_FAMILY):].partition("?")[0]
     if family not in FAMILIES and family not in REFUSED:
         raise ModelLoadError(f"unknown model {name!r}: tiny families are {', '.join(FAMILIES)} (and, refused by "
                              f"lookahead, {', '.join(REFUSED)})")
-    spec = dict(vocab=64, layers=2, seed=0)
-    for item in filter(None, query.split("&")):
-        key, _, value = item.partition("=")
-        if key not in spec or not re.fullmatch(r"\d+", value):
-            raise ModelLoadError(f"bad option {item!r} in {name!r}: expected key=<int> with key one of "
-                                 f"{', '.join(spec)}")
-        spec[key] = int(value)
+    defaults = dict(vocab=64, layers=2, seed=0)
+    spec = {**defaults, **_tiny_spec(name, defaults)}
     if spec["vocab"] < 4 or spec["layers"] < 1:
         raise ModelLoadError(f"bad spec in {name!r}: need vocab >= 4 and layers >= 1")
     try:

@@ -1,0 +1,213 @@
+"""lp as a library: lookahead decoding for code that already holds a transformers model.
+
+    out = model.generate(ids, custom_generate=lp.lookahead, max_new_tokens=64)      # a generate drop-in
+    results = lp.generate(model, ["def f(x):", "class A:"], tokenizer=tokenizer)     # a plain function
+
+`lookahead` is a `custom_generate` callable: transformers' `generate` prepares the inputs and the
+generation config (the model's own `generation_config` merged with the call's arguments) and hands the
+decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
+`do_sample` with `temperature` / `top_k` / `top_p`, `return_dict_in_generate` (`sequences` only) and a
+batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
+`pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
+config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
+What it cannot do exactly it refuses, naming the option: beam search, assisted decoding, logits
+processors other than the sampling warpers, stopping criteria other than the length and EOS ones,
+scores or hidden states in the output.
+
+transformers 5.17-5.24 do not pass `streamer`, `tokenizer` or `assistant_model` to a callable
+`custom_generate` (they keep them for their own decoding methods): `lookahead` reads the streamer and the
+assistant model off the `generate` call that called it (`_generate_call`), so a `TextStreamer` prints
+what it prints with `generate`, and an assistant model is refused; `stop_strings` cannot reach it
+(transformers refuses them without the tokenizer before it calls `lookahead`): `generate` below takes
+them.
+
+`generate` decodes one prompt or many (text with a tokenizer, or token ids), with stop strings and a
+streamer that receives each round's committed tokens as the round commits them, and returns one
+`GenerationResult` per prompt (token ids, text, finish reason, forwards, S).
+
+Greedy output is identical to `model.generate(do_sample=False)`; sampled output is distributed as
+`generate`'s sampling (its draws are lp's, seeded from `seed`, or in the drop-in from torch's global
+generator, so `torch.manual_seed` makes a call reproducible).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Sequence
+
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from lp.decode.params import GenerationParams, LookaheadParams, check
+from lp.engine import GenerationResult, lookahead_generate
+from lp.jobs.config import JOB_LOOKAHEAD
+
+LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
+_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+_STOPS = (MaxLengthCriteria, EosTokenCriteria)
+# generation config options that ask for another decoding than lookahead's: (name, its "off" value, what)
+_REFUSED_OPTIONS = (("num_beams", 1, "beam search"), ("num_return_sequences", 1, "several sequences per prompt"),
+                    ("penalty_alpha", None, "contrastive search"),
+                    ("prompt_lookup_num_tokens", None, "prompt lookup (assisted) decoding"),
+                    ("output_scores", False, "scores in the output"), ("output_logits", False, "logits in the output"),
+                    ("output_attentions", False, "attentions in the output"),
+                    ("output_hidden_states", False, "hidden states in the output"))
+
+
+def lookahead_params(**keys) -> LookaheadParams:
+    """The job config's lookahead section (JOB_LOOKAHEAD) with `keys` over it; TypeError for a key lp does
+    not have, ValueError for a value out of range."""
+    unknown = sorted(set(keys) - set(LOOKAHEAD_KEYS))
+    if unknown:
+        raise TypeError(f"unknown lookahead option(s) {', '.join(unknown)}; lp's are {', '.join(LOOKAHEAD_KEYS)}")
+    params = LookaheadParams(**{**JOB_LOOKAHEAD, **keys})
+    check(params)
+    return params
+
+
+def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
+              generation_config=None, synced_gpus: bool = False, streamer=None, *,
+              window: int = JOB_LOOKAHEAD["window"], ngram: int = JOB_LOOKAHEAD["ngram"],
+              guesses: int = JOB_LOOKAHEAD["guesses"], pool_seeding: bool = JOB_LOOKAHEAD["pool_seeding"],
+              lookup_candidates: int = JOB_LOOKAHEAD["lookup_candidates"],
+              lookup_tokens: int = JOB_LOOKAHEAD["lookup_tokens"], lookup_ngram: int = JOB_LOOKAHEAD["lookup_ngram"],
+              suffix_factor: float = JOB_LOOKAHEAD["suffix_factor"],
+              suffix_tokens: int = JOB_LOOKAHEAD["suffix_tokens"],
+              suffix_min_score: float = JOB_LOOKAHEAD["suffix_min_score"],
+              job_cache: bool = JOB_LOOKAHEAD["job_cache"], tree_budget: int = 0, **model_kwargs):
+    """`model.generate(..., custom_generate=lp.lookahead)`: transformers calls this with the prepared
+    inputs (module docstring). Returns what `generate` returns: prompt + new ids, [batch, length]."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    caller = _generate_call()
+    if caller.get("assistant_model") is not None:
+        raise ValueError("lp.lookahead drafts without an assistant model: drop assistant_model")
+    streamer = streamer if streamer is not None else caller.get("streamer")
+    config = generation_config if generation_config is not None else model.generation_config
+    for key, off, what in _REFUSED_OPTIONS:
+        value = getattr(config, key, None)
+        if value is not None and value != off:
+            raise ValueError(f"lp.lookahead cannot do {what} ({key}={value!r})")
+    if getattr(config, "stop_strings", None):
+        raise ValueError("lp.lookahead gets no tokenizer from generate, so it cannot apply stop_strings: "
+                         "use lp.generate(..., stop_strings=..., tokenizer=...)")
+    sampling = _sampling(logits_processor or [], bool(config.do_sample))
+    for criterion in stopping_criteria or []:
+        if not isinstance(criterion, _STOPS):
+            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {type(criterion).__name__}: it "
+                             f"stops at max_new_tokens / max_length and eos_token_id")
+    params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
+                              lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
+                              lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
+                              suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget)
+    new = config.max_length - input_ids.shape[1] if config.max_length is not None else config.max_new_tokens
+    if new is None or new < 1:
+        raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
+                         f"{input_ids.shape[1]} tokens)")
+    eos = _ids(config.eos_token_id)
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if sampling else 0
+    generation = GenerationParams(new, **sampling, seed=seed)
+    mask = model_kwargs.get("attention_mask")
+    rows = []
+    for b in range(input_ids.shape[0]):
+        row = input_ids[b]
+        prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
+        r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
+                               streamer=streamer if input_ids.shape[0] == 1 else None)
+        rows.append(r.token_ids)
+    longest = max(len(r) for r in rows)
+    tail = torch.full((input_ids.shape[0], longest), pad, dtype=input_ids.dtype, device=input_ids.device)
+    for b, ids in enumerate(rows):
+        tail[b, :len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
+    sequences = torch.cat([input_ids, tail], dim=1)
+    if config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
+
+
+def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
+             max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
+             stop_strings: Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
+    """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
+    `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer`; a
+    `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
+    lp's own options are keyword arguments with the job config's names and defaults."""
+    params = lookahead_params(**lookahead_keys)
+    batch = _prompt_list(prompts, tokenizer)
+    if streamer is not None and len(batch) != 1:
+        raise ValueError(f"a streamer takes one prompt at a time (as generate's); got {len(batch)} prompts")
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
+    generation = GenerationParams(max_new_tokens, stop=tuple(stop_strings),
+                                  temperature=temperature if do_sample else 0.0, top_k=top_k if do_sample else 0,
+                                  top_p=top_p if do_sample else 1.0, seed=seed)
+    check(generation)
+    eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
+    out = []
+    for request, ids in enumerate(batch):
+        if streamer is not None:
+            streamer.put(torch.tensor([ids]))
+        r = lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
+                               request=request, streamer=streamer)
+        if r.text is None and tokenizer is not None:
+            r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
+        out.append(r)
+    return out
+
+
+def _generate_call() -> dict:
+    """The arguments of the `generate` call that called `lookahead` (its frame's locals), or {} when it was
+    called otherwise. transformers 5.17-5.24 keep `streamer` and `assistant_model` from a callable
+    `custom_generate`; this is where lookahead finds them (generate has already put the prompt into the
+    streamer by then)."""
+    frame = sys._getframe(2)
+    if frame.f_code.co_name != "generate" or "custom_generate" not in frame.f_locals:
+        return {}
+    return {k: frame.f_locals.get(k) for k in ("streamer", "assistant_model")}
+
+
+def _sampling(processors, do_sample: bool) -> dict:
+    """GenerationParams' sampling fields from generate's prepared warpers; refuses any other processor."""
+    temperature, top_k, top_p = (1.0 if do_sample else 0.0), 0, 1.0
+    for p in processors:
+        if not isinstance(p, _WARPERS):
+            raise ValueError(f"lp.lookahead cannot apply the logits processor {type(p).__name__} exactly: it "
+                             f"samples with temperature, top_k and top_p only")
+        if isinstance(p, TemperatureLogitsWarper):
+            temperature = float(p.temperature)
+        elif isinstance(p, TopKLogitsWarper):
+            top_k = int(p.top_k)
+        else:
+            top_p = float(p.top_p)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _prompt_list(prompts, tokenizer) -> list[list[int]]:
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist()
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ValueError("text prompts need the tokenizer (tokenizer=...)")
+            p = tokenizer.encode(p)
+        ids = [int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+        if not ids:
+            raise ValueError("a prompt is empty: lookahead needs at least one prompt token")
+        out.append(ids)
+    if not out:
+        raise ValueError("no prompts given")
+    return out

@@ -1,0 +1,170 @@
+"""lp as a library (lp/library.py): `model.generate(..., custom_generate=lp.lookahead)` equals plain
+`generate` in float64 (greedy, one prompt and a left-padded batch of several lengths, EOS padding,
+return_dict_in_generate), its sampling is distributed as the model's joint (the chi-square harness of
+test_sampling), what it cannot do is refused naming the option; `lp.generate` takes text or ids, stop
+strings and a streamer that prints the same text as generate's; the README's example runs as written."""
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
+
+import lp
+from lp.baseline import autoregressive_generate
+from lp.engine import GenerationParams
+from lp.models import TinyTokenizer, tiny_random_llama
+from test_sampling import NEW, PROMPT, chi_square_p, exact_joint
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [[5, 9, 12, 5, 9, 30, 41, 5, 9, 12, 7, 7], [33, 8, 33, 8, 14], [20, 21, 22, 20, 21, 22, 20]]
+TREE = dict(window=3, ngram=4, guesses=3, lookup_candidates=2, lookup_tokens=6)   # more than the default drafts
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_random_llama(vocab=64, seed=0).model.double()
+
+
+def plain(model, ids, mask=None, **kwargs):
+    return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask, do_sample=False,
+                          pad_token_id=0, **kwargs)
+
+
+def left_padded(prompts, pad=0):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("keys", [{}, TREE])
+def test_drop_in_greedy_equals_generate(model, keys):
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        got = plain(model, ids, max_new_tokens=30, custom_generate=lp.lookahead, **keys)
+        assert torch.equal(got, plain(model, ids, max_new_tokens=30)), prompt
+
+
+def test_drop_in_batch_of_several_lengths_with_eos_padding(model):
+    ids, mask = left_padded(PROMPTS)
+    reference = plain(model, ids, mask, max_new_tokens=30)
+    eos = int(reference[0, ids.shape[1] + 5])       # the first row ends early; the others pad after it
+    reference = plain(model, ids, mask, max_new_tokens=30, eos_token_id=eos)
+    got = plain(model, ids, mask, max_new_tokens=30, eos_token_id=eos, custom_generate=lp.lookahead, **TREE)
+    assert torch.equal(got, reference)
+    assert (got[0, ids.shape[1] + 6:] == 0).all() and got.shape[1] > ids.shape[1] + 6
+
+
+def test_drop_in_returns_a_dict_and_honours_max_length(model):
+    ids = torch.tensor([PROMPTS[0]])
+    out = plain(model, ids, max_length=len(PROMPTS[0]) + 9, return_dict_in_generate=True,
+                custom_generate=lp.lookahead)
+    assert torch.equal(out.sequences, plain(model, ids, max_length=len(PROMPTS[0]) + 9))
+    assert out.sequences.shape[1] == len(PROMPTS[0]) + 9
+
+
+def test_drop_in_sampling_matches_the_models_joint():
+    model8 = tiny_random_llama(vocab=8, seed=2).model.double()
+    n, temperature, top_p = 2000, 0.8, 0.7
+    torch.manual_seed(3)
+    ids = torch.tensor([PROMPT] * n)
+    out = model8.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature, top_k=0,
+                          top_p=top_p, max_new_tokens=NEW, pad_token_id=0, custom_generate=lp.lookahead,
+                          window=3, ngram=3, guesses=4, suffix_factor=0, job_cache=False)
+    counts = Counter(tuple(row) for row in out[:, len(PROMPT):].tolist())
+    joint = exact_joint(model8, PROMPT, temperature, 0, top_p)
+    cells = sorted(joint)
+    assert set(counts) <= set(cells)
+    assert chi_square_p([counts[c] for c in cells], [n * joint[c] for c in cells]) > 1e-3
+    torch.manual_seed(3)
+    again = model8.generate(ids[:50], attention_mask=torch.ones_like(ids[:50]), do_sample=True, temperature=temperature,
+                            top_k=0, top_p=top_p, max_new_tokens=NEW, pad_token_id=0, custom_generate=lp.lookahead,
+                            window=3, ngram=3, guesses=4, suffix_factor=0, job_cache=False)
+    assert torch.equal(again, out[:50])       # torch.manual_seed makes a call reproducible
+
+
+class Never(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_beams=2), "beam search"),
+    (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
+    (dict(output_scores=True, return_dict_in_generate=True), "scores"),
+    (dict(stopping_criteria=StoppingCriteriaList([Never()])), "stopping criterion Never"),
+    (dict(ngram=2), "lookahead.ngram"),
+])
+def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
+    ids = torch.tensor([PROMPTS[0]])
+    with pytest.raises(ValueError, match=match):
+        plain(model, ids, max_new_tokens=8, custom_generate=lp.lookahead, **kwargs)
+
+
+def test_generate_text_ids_and_stop_strings(model):
+    tokenizer = TinyTokenizer(98)
+    model98 = tiny_random_llama(vocab=98, seed=4).model.double()
+    texts = ["abcabcab", "hello world, hello"]
+    results = lp.generate(model98, texts, tokenizer=tokenizer, max_new_tokens=24, **TREE)
+    assert [r.token_ids for r in results] == [
+        plain(model98, torch.tensor([tokenizer.encode(t)]), max_new_tokens=24)[0, len(t):].tolist() for t in texts]
+    assert results[0].text == tokenizer.decode(results[0].token_ids)
+    ids_results = lp.generate(model, PROMPTS[1], max_new_tokens=20)
+    assert len(ids_results) == 1
+    assert ids_results[0].token_ids == plain(model, torch.tensor([PROMPTS[1]]), max_new_tokens=20)[0, 5:].tolist()
+    full = results[1].text
+    stop = full[7:9]                                   # a string the uncut output completes mid-way
+    cut = lp.generate(model98, texts[1], tokenizer=tokenizer, max_new_tokens=24, stop_strings=[stop], **TREE)[0]
+    reference = autoregressive_generate(model98, tokenizer.encode(texts[1]), GenerationParams(24, stop=(stop,)),
+                                        tokenizer=tokenizer)
+    assert cut.token_ids == reference.token_ids and cut.finish_reason == "stop" and stop not in cut.text
+    with pytest.raises(TypeError, match="unknown lookahead option"):
+        lp.generate(model, PROMPTS[0], windows=3)
+    with pytest.raises(ValueError, match="tokenizer"):
+        lp.generate(model, "abc")
+
+
+class Captured(TextStreamer):
+    def __init__(self, tokenizer, **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        self.pieces = []
+
+    def on_finalized_text(self, text, stream_end=False):
+        self.pieces.append(text)
+
+
+@pytest.mark.parametrize("skip_prompt", [False, True])
+def test_a_text_streamer_prints_what_generate_prints(skip_prompt):
+    tokenizer = TinyTokenizer(98)
+    model98 = tiny_random_llama(vocab=98, seed=4).model.double()
+    ids = tokenizer.encode("abc abc ab")
+    ours, theirs = Captured(tokenizer, skip_prompt=skip_prompt), Captured(tokenizer, skip_prompt=skip_prompt)
+    result = lp.generate(model98, ids, max_new_tokens=30, streamer=ours, **TREE)[0]
+    plain(model98, torch.tensor([ids]), max_new_tokens=30, streamer=theirs)
+    assert "".join(ours.pieces) == "".join(theirs.pieces) != ""
+    assert max(result.emitted_per_round) > 1 and len(ours.pieces) > 1   # rounds of several tokens, streamed
+    with pytest.raises(ValueError, match="one prompt"):
+        lp.generate(model98, [ids, ids], streamer=ours)
+    drop_in = Captured(tokenizer, skip_prompt=skip_prompt)      # the streamer passed to generate itself
+    plain(model98, torch.tensor([ids]), max_new_tokens=30, streamer=drop_in, custom_generate=lp.lookahead, **TREE)
+    assert "".join(drop_in.pieces) == "".join(theirs.pieces)
+
+
+def test_drop_in_refuses_an_assistant_model(model):
+    with pytest.raises(ValueError, match="assistant_model"):
+        plain(model, torch.tensor([PROMPTS[0]]), max_new_tokens=8, custom_generate=lp.lookahead,
+              assistant_model=tiny_random_llama(vocab=64, seed=5).model.double())
+
+
+def test_readme_library_example_runs_as_written(capsys):
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- library example", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    scope = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    model, tokenizer, ids, out = scope["model"], scope["tokenizer"], scope["ids"], scope["out"]
+    greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48)
+    assert torch.equal(out, greedy)
+    assert len(scope["results"]) == 2 and all(r.new_tokens >= 1 for r in scope["results"])
+    printed = capsys.readouterr().out
+    assert tokenizer.decode(out[0][ids.shape[1]:]) in printed
