@@ -224,7 +224,7 @@ def test_shipped_configs_are_valid_and_round_trip(tmp_path, path):
     assert cfg.output.dir.startswith("runs/")
     if cfg.data.source == "jsonl":
         assert (Path(__file__).resolve().parents[1] / cfg.data.path).is_file()
-    if cfg.data.source == "classeval":  # not shipped: where the README says to put it
+    if cfg.data.source == "classeval":  # not shipped: where docs/configuration.md ("ClassEval") says to put it
         assert cfg.data.path == "data/ClassEval_data.json"
 
 
@@ -399,8 +399,8 @@ def test_problem_lines_name_value_and_allowed_values(tmp_path):
 
 
 def test_readme_config_block_is_the_default_job():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("\n```", 1)[0]  # the fence line
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    block = doc.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("\n```", 1)[0]  # the fence line
     assert load_config_dict(yaml.safe_load(block)) == JobConfig() == load_config(DEFAULT_JOB)
 
 

@@ -25,7 +25,7 @@ SAME = ("task_id", "token_ids", "completion", "finish_reason", "new_tokens", "fo
 
 def sampled_job(tmp_path, tasks=TASKS, **sections):
     """No job cache: with one, a task's candidates, and so which draws accept, also depend on the
-    completions of the tasks before it (README, "Sampling")."""
+    completions of the tasks before it (docs/how-it-works.md, "Sampling")."""
     return write_job(tmp_path, prompt_lines(tasks), model={"dtype": "float64"}, generation=SAMPLING,
                      lookahead={"job_cache": False}, baseline={"enabled": True}, distributed={"timeout_s": 60},
                      **sections)
@@ -46,7 +46,7 @@ def run_one(config, out):
 
 
 def test_request_id_is_the_documented_hash():
-    """README: the first 8 bytes of SHA-256(task id, UTF-8), big-endian, shifted right by one bit."""
+    """docs/how-it-works.md: the first 8 bytes of SHA-256(task id, UTF-8), big-endian, shifted right by one bit."""
     for task in ("HumanEval/0", "s/1", "<line 3>", "naïve ✓"):
         digest = hashlib.sha256(task.encode("utf-8")).digest()
         assert request_id(task) == int.from_bytes(digest[:8], "big") // 2

@@ -65,7 +65,7 @@ METHODS = ("lookahead", "autoregressive")
 # top-level definition, script code, print or comment would begin
 CODE_COMPLETION_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 # a job's lookahead keys left out: the embedded job's settings, the fastest measured on the 2-core CPU
-# (scripts/bench_core.py, README "Token trees"): no Jacobi window, whose rows cost more than they
+# (scripts/bench_core.py, docs/benchmarks.md "Token trees"): no Jacobi window, whose rows cost more than they
 # return there, and one token tree per round of suffix drafts (up to 32 nodes, 8 x the match length,
 # nodes continued by at least a tenth of the matches) from the request and the job's earlier completions
 JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
