@@ -74,7 +74,7 @@ def test_a_startup_refusal_fails_every_rank_of_every_group(tmp_path, lp_size):
     and every other rank exits 2 too, saying so in one line (it used to end 0 as if the job had run)."""
     lines = [json.dumps({"task_id": t, "prompt": p}) for t, p in [("a", "abcabc"), ("b", "xyzxyz")]]
     config = write_job(tmp_path, lines, distributed={"timeout_s": TIMEOUT_S, "lp_size": lp_size})
-    first = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    first = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", "distributed.lp_size=null"])
     assert first.exit_code == 0, first.output
     start = time.time()
     codes, outs = launch(config, "--set", "generation.max_new_tokens=3")

@@ -328,7 +328,7 @@ class Progress:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self.bar = tqdm(total=total, initial=done, unit="prompt", desc="decoding", file=sys.stderr,
+            self.bar = tqdm(total=total, initial=kept, unit="prompt", desc="decoding", file=sys.stderr,
                             dynamic_ncols=True)
             self._redirect = logging_redirect_tqdm()  # log lines print above the bar
             self._redirect.__enter__()
