@@ -175,10 +175,11 @@ def lookahead_generate(
                 distribution(logits[0], warp), tree,
                 lambda u: distribution(logits[1 + deep + u - nodes.start], warp),
                 draws, result.forwards, owned=lambda u: u in nodes)
-            head = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node])
-            after = torch.tensor((sampled.emitted[1:] + [0] * width)[:width])
-            path = torch.tensor(([u - nodes.start for u in tree.path(sampled.node)] + [0] * width)[:width]) \
-                if sampled.hits else torch.zeros(width, dtype=torch.long)
+            walked = [u - nodes.start for u in tree.path(sampled.node)] if sampled.hits else []
+            verdict = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node,      # on the rows' device:
+                                    *(sampled.emitted[1:] + [0] * width)[:width],      # the payload joins it
+                                    *(walked + [0] * width)[:width]], device=device)  # with device tensors
+            head, after, path = verdict[:3], verdict[3:3 + width], verdict[3 + width:]
         payload = pack_payload(head, after, predicted[1:1 + deep], deep_slots, len(rnd))   # rows really fed
         frontier = cached + len(ordinary)
         if comm.world == 1 and len(nodes):       # the accepted path's K/V to the frontier, on the device
