@@ -200,38 +200,36 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                     len(prompts), len(todo))
     limit = context_limit(loaded.model)
     shared = 0  # prompts sent to the other ranks (they count the same)
-    try:
-        for index in handout:
-            prompt = prompts[index]
-            if prompt.task_id in job.records:
-                if corpus is not None and job.records[prompt.task_id]["token_ids"]:
-                    corpus.add(job.records[prompt.task_id]["token_ids"])
-                continue
-            ids, error = encode_prompt(prompt, loaded, cfg, limit)
-            if error is not None:
-                job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
-                logger.warning("%s: error: %s", prompt.task_id, error)
-                bar.advance(done=_count(bar, handout))
-                continue
-            request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
-            comm.share_ids([request, *ids])
-            result, base = decode(cfg, loaded, ids, comm, request, shared, corpus)
-            shared += 1
-            if corpus is not None and result.token_ids:
-                corpus.add(result.token_ids)
-            record = {**result_record(prompt, ids, result, cfg.generation.method, base,
-                                      answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
-            job.append(record)
-            bar.advance(result, done=_count(bar, handout))
-            logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
-                        bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
-                        result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
-                        result.finish_reason,
-                        "" if base is None else
-                        f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
-                        f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
-    finally:
-        comm.share_ids(None)  # no more work
+    for index in handout:
+        prompt = prompts[index]
+        if prompt.task_id in job.records:
+            if corpus is not None and job.records[prompt.task_id]["token_ids"]:
+                corpus.add(job.records[prompt.task_id]["token_ids"])
+            continue
+        ids, error = encode_prompt(prompt, loaded, cfg, limit)
+        if error is not None:
+            job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
+            logger.warning("%s: error: %s", prompt.task_id, error)
+            bar.advance(done=_count(bar, handout))
+            continue
+        request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
+        comm.share_ids([request, *ids])
+        result, base = decode(cfg, loaded, ids, comm, request, shared, corpus)
+        shared += 1
+        if corpus is not None and result.token_ids:
+            corpus.add(result.token_ids)
+        record = {**result_record(prompt, ids, result, cfg.generation.method, base,
+                                  answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
+        job.append(record)
+        bar.advance(result, done=_count(bar, handout))
+        logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
+                    bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
+                    result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
+                    result.finish_reason,
+                    "" if base is None else
+                    f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
+                    f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
+    comm.share_ids(None)  # no more work (only after a clean loop: a failed collective must not hide the error)
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
