@@ -169,3 +169,17 @@ def test_readme_library_example_runs_as_written(capsys):
     assert len(scope["results"]) == 2 and all(r.new_tokens >= 1 for r in scope["results"])
     printed = capsys.readouterr().out
     assert tokenizer.decode(out[0][ids.shape[1]:]) in printed
+
+
+def test_drop_in_on_the_embedded_model_in_float64(smollm2_f64):
+    """The embedded SmolLM2 in float64: the drop-in (the default job's lookahead keys and a window config)
+    equals plain greedy generate on a left-padded batch of two prompts of different lengths."""
+    model, tokenizer = smollm2_f64.model, smollm2_f64.tokenizer
+    prompts = [tokenizer.encode("def fibonacci(n):"), tokenizer.encode("class Stack:\n    def push(self, x):")]
+    pad = model.generation_config.pad_token_id
+    ids, mask = left_padded(prompts, pad)
+    reference = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    for keys in ({}, dict(window=4, ngram=4, guesses=4, lookup_candidates=2)):
+        got = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
+                             custom_generate=lp.lookahead, **keys)
+        assert torch.equal(got, reference), keys
