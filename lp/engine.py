@@ -13,60 +13,30 @@ to plain greedy decoding.
 """
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
 from lp.decode.arch import check_model
+from lp.decode.batch import pack_round
 from lp.decode.device import Uploader, uniforms
-from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, forward_logits, publish, round_cache
-from lp.decode.layout import bucket, build_round, descriptors, round_mask
+from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, forward_logits, move_row, publish, round_cache
+from lp.decode.layout import bucket, round_mask
 from lp.decode.params import GenerationParams, LookaheadParams, check
-from lp.decode.propose import Proposer
+from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
+                               window_seed)
 from lp.decode.sampling import (Draws, children_lists, distribution, tree_sampling_verdict, verify_tree_sampling,
                                 warpers)
-from lp.decode.stopping import StopChecker
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import TokenTree
 from lp.decode.verify import decide, pack_payload, path_verdict, tree_verdict
-from lp.decode.window import JacobiWindow
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
 
-__all__ = ["GenerationParams", "GenerationResult", "LookaheadParams", "check", "lookahead_generate"]
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    text: str | None
-    finish_reason: str
-    forwards: int
-    emitted_per_round: list[int] = field(default_factory=list)
-    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed (the round it packed)
-    max_rows_per_round: list[int] = field(default_factory=list)   # rows the busiest worker fed (gathered)
-    decode_seconds: float = 0.0
-    host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
-    collectives: int = 0            # step-loop collectives (0 with one worker)
-    bytes_moved: int = 0
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def compression(self) -> float:
-        """S = generated tokens / target forwards (prefill counted)."""
-        return self.new_tokens / self.forwards if self.forwards else 0.0
-
-
-def window_seed(prompt: Sequence[int], count: int, seed: int = 0) -> list[int]:
-    """Initial level-0 guesses: tokens drawn from the prompt, deterministically."""
-    return random.Random(seed).choices(list(prompt), k=count)
+__all__ = ["BatchStats", "GenerationParams", "GenerationResult", "LookaheadParams", "check", "decode_batch",
+           "lookahead_generate", "round_rows_bound", "window_seed"]
 
 
 @torch.inference_mode()
@@ -99,141 +69,238 @@ def lookahead_generate(
     (`sampling_on_device`, the default except on a CPU, where reading rows
     lazily costs no sync and warps only the rows the walk visits). A transformers `streamer`
     (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
-    prompt is the caller's to put, as `generate` puts it before decoding."""
+    prompt is the caller's to put, as `generate` puts it before decoding. This is `decode_batch`
+    with one request."""
+    if not len(input_ids):
+        raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
+    (_, result), = decode_batch(model, [(0, input_ids, request)], lookahead, generation, eos_token_ids=eos_token_ids,
+                                tokenizer=tokenizer, comm=comm, corpus=corpus, compile_mode=compile_mode,
+                                sampling_on_device=sampling_on_device, streamer=streamer)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+@dataclass
+class BatchStats:
+    """What a `decode_batch` run did as a whole (filled in as it goes)."""
+    rounds: int = 0             # forwards, solo first rounds included
+    occupancy: int = 0          # requests summed over rounds (mean batch: occupancy / rounds)
+    rows: int = 0               # rows fed, padding included, summed over rounds
+
+
+@torch.inference_mode()
+def decode_batch(
+    model,
+    prompts: Iterable[tuple[Any, Sequence[int], str | int]],
+    lookahead: LookaheadParams = LookaheadParams(),
+    generation: GenerationParams = GenerationParams(),
+    *,
+    batch_size: int = 1,
+    prompt_tokens: int | None = None,
+    eos_token_ids: Sequence[int] = (),
+    tokenizer=None,
+    comm: Comm | None = None,
+    corpus: SuffixIndex | None = None,
+    compile_mode: str = "off",
+    sampling_on_device: bool | None = None,
+    streamer=None,
+    stats: BatchStats | None = None,
+) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
+    """Decode `prompts` ((key, prompt ids, request) each; `request` names it in the sampling draws)
+    with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
+    (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
+    a request that ends leaves the batch at once; the next prompt is taken then and its first round
+    (the prefill) runs alone into its own cache row before it joins the batched rounds. The cache
+    holds `batch_size` rows of slots for prompts of up to `prompt_tokens` tokens (default: the
+    first prompt's). With a multi-worker `comm` every rank calls this with the same prompts in the
+    same order (the iterator is only advanced when a slot is free, at the same round on every
+    rank); a request's greedy tokens never depend on what shares its forwards."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode {compile_mode!r} must be one of {', '.join(COMPILE_MODES)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
     comm = comm or Comm()
-    prompt = [int(t) for t in input_ids]
-    if not prompt:
-        raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
-    n, w = lookahead.ngram, lookahead.window
-    width, capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
-    deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
-    device = next(model.parameters()).device
-    compiled = compiled_forward(model, compile_mode)
-    fit = bucket if compiled is not None else (lambda q: q)
-    on_device = device.type != "cpu" if sampling_on_device is None else sampling_on_device
-
-    proposer = Proposer(lookahead, prompt, corpus) if comm.rank == 0 else None
-    window = JacobiWindow.seeded(n, w, window_seed(prompt, w + n - 3)) if w else None
-    levels = window.levels if window is not None else []
-    stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
-    bound = round_rows_bound(lookahead, width)     # slots a round may write past the committed ones
-    cache = round_cache(model, max(fit(len(prompt) + bound), len(prompt) + generation.max_new_tokens + fit(bound)))
-    uploader = Uploader(device)
-    tokens = list(prompt)        # committed: prompt + output
-    ordinary = list(prompt)      # committed but not yet in the cache
-    cached = 0                   # cache slots holding committed tokens
-    warp = warpers(generation.temperature, generation.top_k, generation.top_p) if generation.sampling else None
-    draws = Draws(generation.seed, request)
-    result = GenerationResult([], None, "", 0)
+    stats = stats if stats is not None else BatchStats()
+    pending = iter(prompts)
+    rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds)
+    active: list[RequestState] = []
     collectives, bytes_moved = comm.collectives, comm.bytes_moved
-    start = time.perf_counter()
 
-    while stopper.reason is None:
+    def start(key, ids, request) -> RequestState | ValueError:
+        nonlocal prompt_tokens
+        ids = [int(t) for t in ids]
+        if not ids:
+            return ValueError("input_ids is empty: lookahead needs at least one prompt token")
+        if rounds.cache is None:
+            prompt_tokens = prompt_tokens or len(ids)
+            rounds.cache = round_cache(model, cache_need(prompt_tokens, lookahead, generation.max_new_tokens,
+                                                         rounds.fit), batch_size)
+        need = cache_need(len(ids), lookahead, generation.max_new_tokens, rounds.fit)
+        if need > rounds.cache.length:
+            return ValueError(f"prompt has {len(ids)} tokens: with max_new_tokens={generation.max_new_tokens} it "
+                              f"needs {need} cache slots, more than the {rounds.cache.length} this batch's cache "
+                              f"holds (sized for prompts of up to {prompt_tokens} tokens)")
+        return RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
+                            corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
+                            streamer=streamer)
+
+    def ended() -> Iterator[tuple[Any, GenerationResult]]:
+        """The requests that ended leave; the others move down to the lowest cache rows."""
+        nonlocal active
+        for state in [s for s in active if s.done]:
+            result = state.finish()
+            result.collectives, result.bytes_moved = comm.collectives - collectives, comm.bytes_moved - bytes_moved
+            yield state.key, result
+        active = [s for s in active if not s.done]
+        for row, state in enumerate(active):
+            if state.row != row:
+                move_row(rounds.cache, state.row, row)
+                state.row = row
+
+    more = True
+    while True:
+        while more and len(active) < batch_size:
+            item = next(pending, None)
+            if item is None:
+                more = False
+                break
+            state = start(*item)
+            if isinstance(state, ValueError):
+                yield item[0], state
+                continue
+            active.append(state)
+            rounds.run([state], stats)          # its prefill, alone: no other request pads to its length
+            yield from ended()
+        if not active:
+            return
+        rounds.run(active, stats)
+        yield from ended()
+
+
+class Rounds:
+    """Runs one round for a list of requests (their rows packed into one forward): the tree shared
+    across the LP group, this rank's rows of each request, one upload, the forward, verification
+    and the payload per request on the device, publication, one gathered read, and each request's
+    commit."""
+
+    def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
+                 compile_mode: str, sampling_on_device: bool | None, kinds):
+        self.model, self.comm, self.kinds = model, comm, kinds
+        self.width, self.capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
+        w, n = lookahead.window, lookahead.ngram
+        self.deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
+        self.device = next(model.parameters()).device
+        self.compiled = compiled_forward(model, compile_mode)
+        self.fit = bucket if self.compiled is not None else (lambda q: q)
+        self.on_device = self.device.type != "cpu" if sampling_on_device is None else sampling_on_device
+        self.warp = (warpers(generation.temperature, generation.top_k, generation.top_p)
+                     if generation.sampling else None)
+        self.uploader = Uploader(self.device)
+        self.cache = None
+
+    def run(self, states: list[RequestState], stats: BatchStats) -> None:
+        comm, cache, n, width = self.comm, self.cache, len(states), self.width
         round_start = time.perf_counter()
-        x_t = tokens[-1]
-        tree = proposer.tree() if proposer else None       # rank 0 proposes, the others receive
-        shared = comm.share_rows((tree.tokens, tree.parents) if tree is not None else None, capacity)
-        tree = tree if tree is not None else TokenTree.from_parents(*shared)
-        columns = window.columns if window is not None else 0
-        units = tree.units()                                   # whole root subtrees: the shard unit
-        plan = shard_plan(comm.world, columns, len(levels), units, len(ordinary))
-        mine = plan[comm.rank]
-        starts = list(accumulate(units, initial=0))
-        nodes = range(starts[mine.subtrees.start], starts[mine.subtrees.stop])
-        rnd = build_round(ordinary, len(tokens) - 1, levels, tree, nodes, columns=mine.columns)
-        q, keep = fit(len(rnd)), rnd.logit_rows
-        sections = descriptors(rnd, q)
-        sections["keep"] = keep + keep[-1:] * ((q if compiled else len(keep)) - len(keep))   # one shape: Q
-        if warp is not None and on_device:
-            sections.update(sampling_tables(tree, nodes, draws, result.forwards))
-        first_row, deep = (rnd.node_rows[0] if nodes else len(rnd)), len(rnd.deep_rows)
+        trees = self.share_trees([s.propose() for s in states] if comm.rank == 0 else None, n)
+        plans = []
+        for state, tree in zip(states, trees):
+            mine = shard_plan(comm.world, state.columns, len(state.levels), tree.units(), len(state.ordinary))
+            plans.append(state.plan(tree, mine[comm.rank].columns, mine[comm.rank].subtrees))
+        q = self.fit(max(len(p.rnd) for p in plans))
+        sections, k = pack_round(plans, [s.cached for s in states], [s.row for s in states], q,
+                                 self.compiled is not None)
+        if self.warp is not None and self.on_device:
+            for i, (state, plan) in enumerate(zip(states, plans)):
+                tables = sampling_tables(plan.tree, plan.nodes, state.draws, state.result.forwards)
+                sections.update({f"{name}{i}": values for name, values in tables.items()})
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
-        dev = uploader.send(sections)
-        mask = round_mask(dev, cached, cache.length, tree.max_depth, model.dtype, kinds)
-        slots = torch.arange(cached, cached + q, device=device)
-        logits = forward_logits(model, dev["ids"][None], dev["pos"][None], mask.attention, cache, dev["keep"],
-                                slots, compiled)[:len(keep)]
-        predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
-        node_tensors = _node_tensors(dev, mask.visible, first_row, len(nodes))
-        if warp is None:
-            head, after, path = tree_verdict(predicted[0], *node_tensors, predicted[1 + deep:],
-                                             first_node=nodes.start, width=width)
-        elif on_device:
-            _, parents, depths, anc = node_tensors
-            token, accepted, emitted = tree_sampling_verdict(
-                distribution(torch.cat([logits[:1], logits[1 + deep:]]), warp), dev["child_tokens"].view(
-                    1 + len(nodes), -1), dev["child_local"].view(1 + len(nodes), -1), dev["child_count"],
-                depths, parents, anc, uniforms(dev["draws"]).view(tree.max_depth + 1, -1))
-            head, after, path = path_verdict(token, accepted, depths, emitted, nodes.start, width)
+        dev = self.uploader.send(sections)
+        rows = {name: dev[name].view(n, q) for name in ("ids", "pos", "role", "level", "col", "off", "parent", "end")}
+        past = states[0].cached if n == 1 else dev["past"]
+        batch = None if cache.batch == 1 else slice(states[0].row, states[0].row + n)   # rows are contiguous
+        if n == 1:
+            mask = round_mask({f: v[0] for f, v in rows.items()}, past, cache.length, self.model.dtype, self.kinds)
+            ids, pos, keep = rows["ids"], rows["pos"], dev["keep"]
+            slots = torch.arange(past, past + q, device=self.device)
         else:
-            sampled = verify_tree_sampling(
-                distribution(logits[0], warp), tree,
-                lambda u: distribution(logits[1 + deep + u - nodes.start], warp),
-                draws, result.forwards, owned=lambda u: u in nodes)
-            walked = [u - nodes.start for u in tree.path(sampled.node)] if sampled.hits else []
-            verdict = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node,      # on the rows' device:
-                                    *(sampled.emitted[1:] + [0] * width)[:width],      # the payload joins it
-                                    *(walked + [0] * width)[:width]], device=device)  # with device tensors
-            head, after, path = verdict[:3], verdict[3:3 + width], verdict[3 + width:]
-        payload = pack_payload(head, after, predicted[1:1 + deep], deep_slots, len(rnd))   # rows really fed
-        frontier = cached + len(ordinary)
-        if comm.world == 1 and len(nodes):       # the accepted path's K/V to the frontier, on the device
-            step = torch.arange(width, device=device)
-            dst = frontier + step
-            publish(cache, torch.where(step < head[1], cached + first_row + path, dst), dst)
-        decision = decide(comm.all_gather(payload).tolist(), width)   # the round's one read
+            order = dev["order"].view(n, q)
+            mask = round_mask(rows, past, cache.length, self.model.dtype, self.kinds, order)
+            ids, pos, keep = rows["ids"].gather(1, order), rows["pos"].gather(1, order), k
+            slots = past[:, None] + order
+        cache.rows = batch
+        logits = forward_logits(self.model, ids, pos, mask.attention, cache, keep, slots, self.compiled)
+        logits = logits[None] if n == 1 else logits
+        predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
+        visible = mask.visible[None] if n == 1 else mask.visible
+        payloads, sources, targets = [], [], []
+        for i, (state, plan) in enumerate(zip(states, plans)):
+            kept = len(plan.rnd.logit_rows)
+            lo = 0 if n == 1 else k - kept        # one request: its logit rows first; several: the last K_b
+            mine = {f: v[i] for f, v in rows.items()}
+            head, after, path = self.verdict(i, state, plan, dev, mine, visible[i], logits[i, lo:lo + kept],
+                                             predicted[i, lo:lo + kept])
+            payloads.append(pack_payload(head, after, predicted[i, lo + 1:lo + 1 + plan.deep],
+                                         self.deep_slots, len(plan.rnd)))
+            if comm.world == 1:      # the accepted path's K/V to the frontier, on the device
+                step = torch.arange(width, device=self.device)
+                dst = state.cached + len(state.ordinary) + step
+                sources.append(torch.where(step < head[1], state.cached + plan.first_row + path, dst))
+                targets.append(dst)
+        if comm.world == 1 and any(p.nodes for p in plans):
+            if cache.batch == 1:
+                publish(cache, sources[0], targets[0])
+            else:
+                publish(cache, torch.stack(sources), torch.stack(targets), dev["rows"])
+        gathered = comm.all_gather(torch.cat(payloads)).tolist()   # the round's one read
         forward_seconds = time.perf_counter() - forward_start
 
-        ngrams = []
-        if window is not None:
-            ngrams = window.ngrams(x_t, decision.deepest)
-            window.advance(decision.deepest)
-            levels = window.levels
-        emitted = []
-        for token in decision.emitted:
-            emitted.append(token)
-            if stopper.push(token):
-                break
-        tokens += emitted
-        if streamer is not None and emitted:
-            streamer.put(torch.tensor(emitted))
-        if proposer is not None:
-            proposer.commit(emitted, ngrams)
-        if comm.world == 1:      # the accepted rows' K/V were published; the last token is next round's row
-            cached = frontier + decision.hits
-            ordinary = decision.emitted[-1:]
-        else:                    # re-feed: the accepted rows live on one rank only
-            cached = frontier
-            ordinary = list(decision.emitted)
+        size = len(gathered[0]) // n
+        for i, (state, plan) in enumerate(zip(states, plans)):
+            state.commit(decide([row[i * size:(i + 1) * size] for row in gathered], width), plan, comm.world)
+        host = time.perf_counter() - round_start - forward_seconds
+        for state in states:
+            state.result.host_seconds += host
+        stats.rounds += 1
+        stats.occupancy += n
+        stats.rows += n * q
 
-        result.forwards += 1
-        result.emitted_per_round.append(len(emitted))
-        result.rows_per_round.append(len(rnd))
-        result.max_rows_per_round.append(max(decision.rows))
-        result.host_seconds += time.perf_counter() - round_start - forward_seconds
+    def share_trees(self, trees: list[TokenTree] | None, n: int) -> list[TokenTree]:
+        """The leader's trees for the round's `n` requests on every rank of the group (one broadcast)."""
+        rows = None if trees is None else [row for tree in trees for row in (tree.tokens, tree.parents)]
+        shared = self.comm.share_rows(rows, self.capacity, 2 * n)
+        return trees if trees is not None else [TokenTree.from_parents(shared[2 * i], shared[2 * i + 1])
+                                                for i in range(n)]
 
-    result.decode_seconds = time.perf_counter() - start
-    if streamer is not None:
-        streamer.end()
-    result.token_ids = stopper.tokens
-    result.text = stopper.text
-    result.finish_reason = stopper.reason
-    result.collectives = comm.collectives - collectives
-    result.bytes_moved = comm.bytes_moved - bytes_moved
-    return result
-
-
-def round_rows_bound(params: LookaheadParams, width: int) -> int:
-    """Most rows a decoding round can feed on one rank: re-fed ordinary rows, the widest
-    window (its first warmup round) and the whole tree."""
-    w, n = params.window, params.ngram
-    window = (w + n - 2) * (n - 2) + (w + n - 3) if w else 0
-    return width + 1 + window + params.capacity
+    def verdict(self, i: int, state: RequestState, plan: RoundPlan, dev: dict[str, torch.Tensor],
+                rows: dict[str, torch.Tensor], visible: torch.Tensor, logits: torch.Tensor,
+                predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Request `i`'s verdict on this rank's nodes, on the device: head [z*, hits, deepest accepted
+        node], the tokens emitted after z* and the accepted path's local nodes (each padded to width)."""
+        nodes, deep, width = plan.nodes, plan.deep, self.width
+        node_tensors = _node_tensors(rows, visible, plan.first_row, len(nodes))
+        if self.warp is None:
+            return tree_verdict(predicted[0], *node_tensors, predicted[1 + deep:], first_node=nodes.start, width=width)
+        if self.on_device:
+            _, parents, depths, anc = node_tensors
+            token, accepted, emitted = tree_sampling_verdict(
+                distribution(torch.cat([logits[:1], logits[1 + deep:]]), self.warp),
+                dev[f"child_tokens{i}"].view(1 + len(nodes), -1), dev[f"child_local{i}"].view(1 + len(nodes), -1),
+                dev[f"child_count{i}"], depths, parents, anc,
+                uniforms(dev[f"draws{i}"]).view(plan.tree.max_depth + 1, -1))
+            return path_verdict(token, accepted, depths, emitted, nodes.start, width)
+        sampled = verify_tree_sampling(
+            distribution(logits[0], self.warp), plan.tree,
+            lambda u: distribution(logits[1 + deep + u - nodes.start], self.warp),
+            state.draws, state.result.forwards, owned=lambda u: u in nodes)
+        walked = [u - nodes.start for u in plan.tree.path(sampled.node)] if sampled.hits else []
+        verdict = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node,      # on the rows' device:
+                                *(sampled.emitted[1:] + [0] * width)[:width],      # the payload joins it
+                                *(walked + [0] * width)[:width]], device=self.device)  # with device tensors
+        return verdict[:3], verdict[3:3 + width], verdict[3 + width:]
 
 
 def _node_tensors(dev: dict[str, torch.Tensor], block: torch.Tensor, first_row: int, count: int):

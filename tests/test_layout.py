@@ -133,8 +133,7 @@ def packed_logits(model, rnd, prompt, past, cache, pad_to=None):
     """The engine's path: descriptors -> one upload -> mask on the device -> static-cache forward."""
     q = pad_to or len(rnd)
     dev = Uploader("cpu").send({**descriptors(rnd, q), "keep": rnd.logit_rows})
-    depth = max((r.off + 1 for r in rnd.rows if r.role not in (ORDINARY, BASE, DEEP)), default=0)
-    mask = round_mask(dev, past, cache.length, depth, model.dtype).attention
+    mask = round_mask(dev, past, cache.length, model.dtype).attention
     return forward_logits(model, dev["ids"][None], dev["pos"][None], mask, cache, dev["keep"],
                           torch.arange(past, past + q))
 
@@ -179,7 +178,7 @@ def test_padding_rows_see_only_themselves():
     d = descriptors(rnd, len(rnd) + 3)
     assert d["role"][-3:] == [PAD] * 3 and d["ids"][:len(rnd)] == [r.token for r in rnd.rows]
     t = {k: torch.tensor(v) for k, v in d.items()}
-    mask = round_mask(t, 5, 64, 3, torch.float64).attention[0, 0]
+    mask = round_mask(t, 5, 64, torch.float64).attention[0, 0]
     q = len(rnd)
     seen = mask == 0
     for i in range(q, q + 3):

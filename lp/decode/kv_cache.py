@@ -2,9 +2,10 @@
 
 `RoundCache` is a static K/V cache sized once (prompt + max_new_tokens + the
 largest round, rounded up to a power of two): each layer's keys and values are preallocated
-[1, heads, length, dim] tensors at fixed addresses, in the heads and head sizes that layer writes
+[batch, heads, length, dim] tensors at fixed addresses (one cache row per request of a batch), in the heads and head sizes that layer writes
 (read off the model by one probe forward: MLA keys and values differ in head size). A round writes its rows
-to cache slots [past, past + Q) in place (`index_copy_`), the model attends
+to cache slots [past, past + Q) of each request's row in place (`index_copy_`; `index_put_` for
+several requests, each at its own past), the model attends
 over all `length` slots through the round's mask (which hides every slot
 past the round), and publication copies the accepted rows to the frontier
 in place: no per-layer concatenation, no reallocation, fixed shapes, so
@@ -39,8 +40,9 @@ class _RoundLayer(CacheLayerMixin):
     def __init__(self, owner: "RoundCache", shape: "LayerShape", dtype: torch.dtype, device: torch.device):
         super().__init__()
         self.owner = owner
-        self.keys = torch.zeros(1, shape.key_heads, owner.length, shape.key_dim, dtype=dtype, device=device)
-        self.values = torch.zeros(1, shape.value_heads, owner.length, shape.value_dim, dtype=dtype, device=device)
+        self.keys = torch.zeros(owner.batch, shape.key_heads, owner.length, shape.key_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(owner.batch, shape.value_heads, owner.length, shape.value_dim, dtype=dtype,
+                                  device=device)
         torch._dynamo.mark_static_address(self.keys)     # fixed addresses: CUDA graphs replay against them
         torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True                       # allocated up front: no branch inside a graph
@@ -49,9 +51,16 @@ class _RoundLayer(CacheLayerMixin):
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.keys.index_copy_(2, self.owner.slots, key_states)
-        self.values.index_copy_(2, self.owner.slots, value_states)
-        return self.keys, self.values
+        rows, slots = self.owner.rows, self.owner.slots
+        keys, values = (self.keys, self.values) if rows is None else (self.keys[rows], self.values[rows])
+        if slots.dim() == 1:            # one request (or every row at the same slots)
+            keys.index_copy_(2, slots, key_states)
+            values.index_copy_(2, slots, value_states)
+        else:                           # [B, Q]: each request's rows at its own slots
+            batch = torch.arange(slots.shape[0], device=slots.device)[:, None]
+            keys[batch, :, slots] = key_states.transpose(1, 2)
+            values[batch, :, slots] = value_states.transpose(1, 2)
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.length, 0
@@ -89,35 +98,56 @@ def layer_shapes(model) -> list[LayerShape]:
 
 
 class RoundCache(Cache):
-    """Static cache of `length` slots for every layer of `model`, allocated at once in the model's
-    dtype on its device, each layer in the shape it writes (`layer_shapes`); `slots` (a device
-    tensor) says where the next forward's rows go."""
+    """Static cache of `batch` rows of `length` slots for every layer of `model`, allocated at once
+    in the model's dtype on its device, each layer in the shape it writes (`layer_shapes`). Before
+    a forward, `rows` (a slice; None: all) picks the cache rows its batch uses, in order, and
+    `slots` (a device tensor, [Q] or [B, Q]) says where each batch row's rows go."""
 
-    def __init__(self, model, length: int):
+    def __init__(self, model, length: int, batch: int = 1):
         param = next(model.parameters())
-        self.length = length
+        self.length, self.batch = length, batch
+        self.rows: slice | None = None
         self.slots: torch.Tensor | None = None
         super().__init__(layers=[_RoundLayer(self, shape, param.dtype, param.device)
                                  for shape in layer_shapes(model)])
 
 
-def round_cache(model, need: int) -> RoundCache:
-    """A cache of at least `need` slots: the smallest power of two from SLOT_QUANTUM up, one cache per
-    size kept on the model, so a request always gets the same cache (the same shapes for compiled
-    rounds, the same addresses for CUDA graphs) whatever ran before it."""
-    length = max(SLOT_QUANTUM, 1 << (need - 1).bit_length())
+def cache_length(need: int) -> int:
+    """The slots a cache for `need` gets: the smallest power of two from SLOT_QUANTUM up."""
+    return max(SLOT_QUANTUM, 1 << (need - 1).bit_length())
+
+
+def round_cache(model, need: int, batch: int = 1) -> RoundCache:
+    """A cache of `batch` rows of at least `need` slots (`cache_length`), one cache per shape kept
+    on the model, so a request always gets the same cache (the same shapes for compiled rounds,
+    the same addresses for CUDA graphs) whatever ran before it. A cache of another shape is
+    dropped first: a job holds one batch's cache at a time."""
+    key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
-    if length not in caches:
-        caches[length] = RoundCache(model, length)
-    return caches[length]
+    if key not in caches:
+        if batch > 1 or any(b > 1 for b, _ in caches):
+            caches.clear()
+        caches[key] = RoundCache(model, key[1], batch)
+    return caches[key]
 
 
-def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy the K/V of slots `src` to slots `dst` in every layer, in place (device index tensors
-    of one fixed length; a pair with src == dst is a no-op)."""
+def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Copy the K/V of slots `src` to slots `dst` in every layer, in place: device index tensors of
+    one fixed length for a one-row cache, or [n, W] for cache rows `rows` [n] (each request its own
+    pairs); a pair with src == dst is a no-op."""
     for layer in cache.layers:
-        layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
-        layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+        for t in (layer.keys, layer.values):
+            if rows is None:
+                t.index_copy_(2, dst, t.index_select(2, src))
+            else:
+                t[rows[:, None], :, dst] = t[rows[:, None], :, src]
+
+
+def move_row(cache: RoundCache, src: int, dst: int) -> None:
+    """Copy cache row `src` (a request's K/V) to row `dst` in every layer, in place."""
+    for layer in cache.layers:
+        layer.keys[dst].copy_(layer.keys[src])
+        layer.values[dst].copy_(layer.values[src])
 
 
 def compiled_forward(model, mode: str):
@@ -152,12 +182,13 @@ def forward(model, cache, **kwargs):
 
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
                    compiled=None) -> torch.Tensor:
-    """One forward over a round's rows; logits [K, V] for `logit_rows` only. With a RoundCache,
-    `slots` are the cache slots the rows are written to; `compiled` is a compiled model call."""
+    """One forward over a round's rows; logits [K, V] for `logit_rows` only ([B, K, V] for a batch
+    of B > 1). With a RoundCache, `slots` are the cache slots the rows are written to; `compiled`
+    is a compiled model call."""
     if slots is not None:
         cache.slots = slots
     call = compiled or model
     kwargs = {_cache_kwarg(type(model)): cache}
     out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
                use_cache=True, **kwargs)
-    return out.logits[0]
+    return out.logits[0] if out.logits.shape[0] == 1 else out.logits

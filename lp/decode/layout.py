@@ -14,7 +14,7 @@ Roles:
 Equal positions never imply visibility.
 
 On the device a round is described by one int per row and field (role,
-level, column, depth - 1 / ordinary index, parent row): `descriptors` packs
+level, column, depth - 1 / ordinary index, parent row, subtree end): `descriptors` packs
 them with the ids and positions, `round_mask` builds the additive mask from
 them with tensor ops on whatever device holds them (nothing of size Q x
 (past + Q) is built on the host), `visibility` is the same rule on the host
@@ -31,7 +31,7 @@ from lp.decode.arch import CHUNKED, SLIDING, LayerAttention, windowed
 from lp.decode.tree import EMPTY, TokenTree
 
 ORDINARY, BASE, DEEP, TREE, PAD = range(5)
-FIELDS = ("ids", "pos", "role", "level", "col", "off", "parent")
+FIELDS = ("ids", "pos", "role", "level", "col", "off", "parent", "end")
 
 
 class Row(NamedTuple):
@@ -43,6 +43,7 @@ class Row(NamedTuple):
     node: int = -1   # tree node index (TREE)
     off: int = 0     # depth - 1 (TREE); index among ORDINARY rows
     parent: int = -1  # row of the parent node (TREE; -1: a child of the root, x_t)
+    end: int = 0      # the row just past this node's subtree (TREE; rows are in preorder)
 
 
 @dataclass
@@ -97,11 +98,12 @@ def build_round(
             rows.append(Row(DEEP, levels[r][j], position + j + r, r, j))
 
     row_of: dict[int, int] = {}
-    for u in nodes if nodes is not None else range(len(tree)):
+    ends = tree.subtree_ends()
+    for u in nodes if nodes is not None else range(len(tree)):   # whole root subtrees, in preorder
         row_of[u] = len(rows)
         parent = tree.parents[u]
         rows.append(Row(TREE, tree.tokens[u], position + tree.depths[u], node=u, off=tree.depths[u] - 1,
-                        parent=row_of[parent] if parent >= 0 else -1))
+                        parent=row_of[parent] if parent >= 0 else -1, end=len(rows) + ends[u] - u))
     node_rows = list(row_of.values())
 
     # ordinary rows come first, then the window, then the tree: this list is sorted, and the
@@ -130,24 +132,28 @@ def descriptors(rnd: Round, size: int | None = None) -> dict[str, list[int]]:
         "col": [r.col for r in rows] + [0] * pad,
         "off": [r.off for r in rows] + [0] * pad,
         "parent": [r.parent for r in rows] + [-1] * pad,
+        "end": [r.end for r in rows] + [0] * pad,
     }
 
 
 def visibility(rows: Sequence[Row]) -> torch.Tensor:
     """Boolean [Q, Q] matrix: entry (i, j) is True when row i attends to row j (host, for tests)."""
-    t = torch.tensor([(r.role, r.level, r.col, r.off, r.parent) for r in rows], dtype=torch.long)
-    depth = max((r.off + 1 for r in rows if r.role == TREE), default=0)
-    return visibility_from(*t.unbind(1), depth=depth)
+    t = torch.tensor([(r.role, r.level, r.col, r.off, r.end) for r in rows], dtype=torch.long)
+    return visibility_from(*t.unbind(1))
 
 
 def visibility_from(role: torch.Tensor, level: torch.Tensor, col: torch.Tensor, off: torch.Tensor,
-                    parent: torch.Tensor, depth: int) -> torch.Tensor:
-    """The visibility rule on per-row descriptor tensors (any device); `depth` is the tree's depth."""
-    qi = lambda x: x[:, None]  # noqa: E731  (query side)
-    kj = lambda x: x[None, :]  # noqa: E731  (key side)
+                    end: torch.Tensor) -> torch.Tensor:
+    """The visibility rule on per-row descriptor tensors [..., Q] (any device, any leading batch
+    dimensions): [..., Q, Q]. Tree rows are in preorder with `end` past each one's subtree, so
+    row j is an ancestor of row i (or i itself) exactly when j <= i < end(j): no walk up the tree."""
+    qi = lambda x: x[..., :, None]  # noqa: E731  (query side)
+    kj = lambda x: x[..., None, :]  # noqa: E731  (key side)
     ordinary = role == ORDINARY
     window = (role == BASE) | (role == DEEP) | ordinary
     pad = role == PAD
+    node = role == TREE
+    index = torch.arange(role.shape[-1], device=role.device)
 
     # everyone sees the committed rows; committed rows among themselves are causal
     sees_ordinary = kj(ordinary) & ~qi(pad) & (~qi(ordinary) | (kj(off) <= qi(off)))
@@ -155,65 +161,71 @@ def visibility_from(role: torch.Tensor, level: torch.Tensor, col: torch.Tensor, 
     sees_base = qi(window & ~ordinary) & kj(role == BASE) & (kj(col) <= qi(col))
     sees_deep = (qi(role == DEEP) & kj(role == DEEP) & (kj(col) == qi(col))
                  & (kj(level) <= qi(level)))
-    tree = ancestors(role == TREE, parent, depth)
-    itself = torch.eye(role.numel(), dtype=torch.bool, device=role.device) & qi(pad)
+    tree = qi(node) & kj(node) & subtree_ancestors(end)
+    itself = (index[:, None] == index[None, :]) & qi(pad)
     return sees_ordinary | sees_base | sees_deep | tree | itself
+
+
+def subtree_ancestors(end: torch.Tensor) -> torch.Tensor:
+    """[..., Q, Q] bool from preorder subtree ends [..., Q]: (i, j) when j <= i < end(j), i.e. j is
+    row i itself or one of its ancestors (meaningful between tree rows)."""
+    index = torch.arange(end.shape[-1], device=end.device)
+    return (index[None, :] <= index[:, None]) & (index[:, None] < end[..., None, :])
 
 
 class RoundMask(NamedTuple):
     attention: torch.Tensor | dict[str, torch.Tensor]   # what the forward's attention_mask gets
-    visible: torch.Tensor                                # [Q, Q] bool: the visibility rule among the rows
+    visible: torch.Tensor                                # [..., Q, Q] bool: the visibility rule among the rows
 
 
-def round_mask(rows: dict[str, torch.Tensor], past: int, length: int, depth: int, dtype: torch.dtype,
-               kinds: dict[str, LayerAttention] | None = None) -> RoundMask:
-    """Additive 4-D mask [1, 1, Q, length] for a round written to cache slots [past, past + Q)
-    of a cache of `length` slots: every real row sees the committed prefix [0, past), the
-    round's rows by the visibility rule, nothing after; built on the rows' device.
+def round_mask(rows: dict[str, torch.Tensor], past: int | torch.Tensor, length: int, dtype: torch.dtype,
+               kinds: dict[str, LayerAttention] | None = None, order: torch.Tensor | None = None) -> RoundMask:
+    """Additive 4-D mask [B, 1, Q, length] for B requests' rounds (descriptors [B, Q]; [Q] for one,
+    giving B = 1), request b's written to slots [past_b, past_b + Q) of its cache row of `length`
+    slots: every real row sees its request's committed prefix [0, past_b), its round's rows by the
+    visibility rule, nothing after; built on the rows' device. `order` [B, Q] (default: as built)
+    says which round row each fed row is: the mask's query rows come in that order, `visible`
+    stays in round order.
 
     `kinds` (lp.decode.arch.attention_kinds: layer type -> rule) adds each windowed type's rule
     on positions: a sliding row also hides keys `size` or more positions behind it, a chunked row
     keys outside its chunk. With one layer type the mask is one tensor, with several a mapping
     from type name to mask (what transformers' models take per layer); without windows nothing
     changes. Committed slot i holds position i; the round's slots hold their rows' positions."""
-    role = rows["role"]
-    q, device, low = role.numel(), role.device, torch.finfo(dtype).min
-    vis = visibility_from(role, rows["level"], rows["col"], rows["off"], rows["parent"], depth)
-    seen = torch.zeros((q, length), dtype=torch.bool, device=device)
-    seen[:, :past] = (role != PAD)[:, None]
-    seen[:, past:past + q] = vis
+    single = rows["role"].dim() == 1
+    if single:
+        rows = {k: v[None] for k, v in rows.items()}
+        order = None if order is None else order[None]
+    role, pos = rows["role"], rows["pos"]
+    (b, q), device, low = role.shape, role.device, torch.finfo(dtype).min
+    vis = visibility_from(role, rows["level"], rows["col"], rows["off"], rows["end"])      # [B, Q, Q]
+    past = past if isinstance(past, int) else past.reshape(-1, 1)       # an int, or [B, 1] on the device
+    rel = torch.arange(length, device=device)[None, :] - past                              # slot - past_b
+    in_round = (rel >= 0) & (rel < q)
+    where = torch.where(in_round, rel, q).expand(b, length)                                 # q: a False column
+    fed_vis, fed_role, fed_pos = vis, role, pos
+    if order is not None:
+        fed_vis = vis.gather(1, order[..., None].expand(b, q, q))
+        fed_role, fed_pos = role.gather(1, order), pos.gather(1, order)
+    fed_vis = torch.cat([fed_vis, torch.zeros((b, q, 1), dtype=torch.bool, device=device)], dim=2)
+    seen = fed_vis.gather(2, where[:, None, :].expand(b, q, length))
+    seen |= (rel < 0)[:, None, :] & (fed_role != PAD)[:, :, None]
     if not kinds or not windowed(kinds):
-        return RoundMask(_additive(seen, dtype, low), vis)
-    qpos = rows["pos"][:, None]
-    kpos = torch.arange(length, device=device)
-    kpos[past:past + q] = rows["pos"]
+        return RoundMask(_additive(seen, dtype, low), vis[0] if single else vis)
+    qpos = fed_pos[:, :, None]
+    kpos = torch.where(in_round, pos.gather(1, where.clamp(max=q - 1)), rel + past)[:, None, :]
     masks = {}
     for name, kind in kinds.items():
         if kind.rule == SLIDING:
-            keep = seen & (qpos - kpos[None, :] < kind.size)
+            keep = seen & (qpos - kpos < kind.size)
         elif kind.rule == CHUNKED:
-            keep = seen & (qpos // kind.size == kpos[None, :] // kind.size)
+            keep = seen & (qpos // kind.size == kpos // kind.size)
         else:
             keep = seen
         masks[name] = _additive(keep, dtype, low)
-    return RoundMask(masks if len(masks) > 1 else next(iter(masks.values())), vis)
+    return RoundMask(masks if len(masks) > 1 else next(iter(masks.values())), vis[0] if single else vis)
 
 
 def _additive(keep: torch.Tensor, dtype: torch.dtype, low: float) -> torch.Tensor:
     zero = torch.zeros((), dtype=dtype, device=keep.device)
-    return torch.where(keep, zero, low)[None, None]
-
-
-def ancestors(is_node: torch.Tensor, parent: torch.Tensor, depth: int) -> torch.Tensor:
-    """Boolean [Q, Q]: (i, j) when tree row j is row i itself or one of its ancestors;
-    `parent` holds each tree row's parent row (-1 below the root), `depth` bounds the
-    walk (the tree's depth), so the loop runs a known number of times."""
-    q = parent.numel()
-    rows = torch.arange(q, device=parent.device)
-    out = torch.zeros((q, q), dtype=torch.bool, device=parent.device)
-    cur = torch.where(is_node, rows, -1)
-    for _ in range(depth):
-        ok = cur >= 0
-        out[rows, cur.clamp(min=0)] |= ok
-        cur = torch.where(ok, parent[cur.clamp(min=0)], -1)
-    return out
+    return torch.where(keep, zero, low)[:, None]

@@ -46,6 +46,15 @@ class TokenTree(NamedTuple):
         starts = [i for i, p in enumerate(self.parents) if p < 0] + [len(self)]
         return tuple(b - a for a, b in zip(starts, starts[1:]))
 
+    def subtree_ends(self) -> tuple[int, ...]:
+        """For each node, the index just past its subtree: in preorder node j is an ancestor of i
+        (or i itself) exactly when j <= i < end(j)."""
+        size = [1] * len(self)
+        for u in range(len(self) - 1, -1, -1):     # children come after their parent
+            if self.parents[u] >= 0:
+                size[self.parents[u]] += size[u]
+        return tuple(u + size[u] for u in range(len(self)))
+
     def path(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node` (inclusive)."""
         out = []

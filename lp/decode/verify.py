@@ -11,7 +11,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from lp.decode.layout import ancestors
+from lp.decode.layout import subtree_ancestors
 from lp.decode.tree import TokenTree
 
 HEADER = 5   # payload: z*, best hits, deepest accepted node (global index), deepest-output count, rows fed
@@ -24,7 +24,8 @@ def tree_tensors(tree: TokenTree, nodes: range, device) -> tuple[torch.Tensor, .
     first = nodes.start
     parents = torch.tensor([tree.parents[u] - first if tree.parents[u] >= 0 else -1 for u in nodes],
                            dtype=torch.long)
-    anc = ancestors(torch.ones(len(nodes), dtype=torch.bool), parents, tree.max_depth)
+    ends = tree.subtree_ends()
+    anc = subtree_ancestors(torch.tensor([ends[u] - first for u in nodes], dtype=torch.long))
     tokens = torch.tensor([tree.tokens[u] for u in nodes], dtype=torch.long)
     depths = torch.tensor([tree.depths[u] for u in nodes], dtype=torch.long)
     return tokens.to(device), parents.to(device), depths.to(device), anc.to(device)

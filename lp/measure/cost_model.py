@@ -203,7 +203,7 @@ def round_forward(model, prefix: int, rows: int):
     def prepared(ordinary, past):
         rnd = build_round(ordinary, past + len(ordinary) - 1, [])
         dev = {k: torch.tensor(v, device=device) for k, v in descriptors(rnd).items()}
-        mask = round_mask(dev, past, cache.length, 0, model.dtype).attention
+        mask = round_mask(dev, past, cache.length, model.dtype).attention
         return (dev["ids"][None], dev["pos"][None], mask, cache,
                 torch.arange(len(ordinary), device=device), torch.arange(past, past + len(ordinary), device=device))
 

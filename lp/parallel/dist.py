@@ -57,27 +57,24 @@ class Comm:
         """This rank leads its LP group (claims prompts, writes its results)."""
         return self.rank == 0
 
-    def share_rows(self, rows: Sequence[Sequence[int]] | None, capacity: int) -> Sequence[Sequence[int]]:
-        """The group leader's equally long int rows (at most `capacity` values each; e.g. a token tree's
-        tokens and parents) on every rank: one broadcast of a fixed-size int64 tensor
-        [count, row 0 padded to capacity, row 1 ...]. The other ranks pass None and
-        `len(rows)` is fixed by the caller's protocol (2 for a tree)."""
+    def share_rows(self, rows: Sequence[Sequence[int]] | None, capacity: int, k: int = 2) -> Sequence[Sequence[int]]:
+        """The group leader's `k` int rows (at most `capacity` values each; e.g. the token trees' tokens
+        and parents of a round's requests) on every rank: one broadcast of a fixed-size int64 tensor
+        [k counts, row 0 padded to capacity, row 1 ...]. The other ranks pass None; `k` is fixed by
+        the caller's protocol (2 per request of the round)."""
         if self.group is None:      # one worker, no process group: nothing to exchange
             return rows
-        k = 2 if rows is None else len(rows)
-        buf = torch.full((1 + k * capacity,), -1, dtype=torch.long)
+        buf = torch.full((k + k * capacity,), -1, dtype=torch.long)
         if self.rank == 0:
-            count = len(rows[0])
-            buf[0] = count
             for i, row in enumerate(rows):
-                buf[1 + i * capacity:1 + i * capacity + count] = torch.tensor(row, dtype=torch.long)
+                buf[i] = len(row)
+                buf[k + i * capacity:k + i * capacity + len(row)] = torch.tensor(row, dtype=torch.long)
         dist.broadcast(buf, self.src, group=self.cpu_group)
         self._count(buf)
         if self.rank == 0:
             return rows
         values = buf.tolist()        # a CPU tensor (gloo group): host memory, no device sync
-        count = values[0]
-        return [values[1 + i * capacity:1 + i * capacity + count] for i in range(k)]
+        return [values[k + i * capacity:k + i * capacity + values[i]] for i in range(k)]
 
     def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
         """[world, L] stack of every rank's [L] payload."""

@@ -1,0 +1,165 @@
+"""One request's decoding state, from its prompt to its result (host side, no device work).
+
+A `RequestState` holds everything a request carries from round to round:
+its committed tokens, the tokens not yet in its cache, its Jacobi window, its
+candidate proposer (rank 0 of an LP group only), its stopper and its sampling
+draws. The engine asks it for this round's rows (`plan`), packs the rows of
+every request in the round into one forward (lp/decode/batch.py) and hands
+each request its decision back (`commit`).
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from lp.decode.layout import Round, build_round
+from lp.decode.params import GenerationParams, LookaheadParams
+from lp.decode.propose import Proposer
+from lp.decode.sampling import Draws
+from lp.decode.stopping import StopChecker
+from lp.decode.suffix import SuffixIndex
+from lp.decode.tree import TokenTree
+from lp.decode.verify import Decision
+from lp.decode.window import JacobiWindow
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    forwards: int
+    emitted_per_round: list[int] = field(default_factory=list)
+    rows_per_round: list[int] = field(default_factory=list)       # rows this worker fed (the round it packed)
+    max_rows_per_round: list[int] = field(default_factory=list)   # rows the busiest worker fed (gathered)
+    decode_seconds: float = 0.0     # from the request's first round to its last (its latency in a batch)
+    host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
+    collectives: int = 0            # step-loop collectives (0 with one worker)
+    bytes_moved: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def compression(self) -> float:
+        """S = generated tokens / target forwards (prefill counted)."""
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+
+def window_seed(prompt: Sequence[int], count: int, seed: int = 0) -> list[int]:
+    """Initial level-0 guesses: tokens drawn from the prompt, deterministically."""
+    return random.Random(seed).choices(list(prompt), k=count)
+
+
+def round_rows_bound(params: LookaheadParams, width: int) -> int:
+    """Most rows a decoding round can feed on one rank: re-fed ordinary rows, the widest
+    window (its first warmup round) and the whole tree."""
+    w, n = params.window, params.ngram
+    window = (w + n - 2) * (n - 2) + (w + n - 3) if w else 0
+    return width + 1 + window + params.capacity
+
+
+def cache_need(prompt_tokens: int, params: LookaheadParams, max_new_tokens: int, fit=lambda q: q) -> int:
+    """Cache slots a request of `prompt_tokens` needs: its prefill round, or everything it can commit
+    plus the largest round after it (`fit`: the padding rounds get)."""
+    bound = round_rows_bound(params, params.width)
+    return max(fit(prompt_tokens + bound), prompt_tokens + max_new_tokens + fit(bound))
+
+
+class RoundPlan(NamedTuple):
+    """One request's share of a round on this rank: its rows and what reading them back needs."""
+    rnd: Round
+    tree: TokenTree
+    nodes: range        # this rank's tree nodes (whole root subtrees)
+    first_row: int      # row of the first of them (len(rnd) without nodes)
+    deep: int           # rows of the window's deepest level fed here
+
+
+class RequestState:
+    """A request being decoded: `key` names it for the caller, `row` is its cache row."""
+
+    def __init__(self, key: Any, prompt: Sequence[int], lookahead: LookaheadParams, generation: GenerationParams, *,
+                 request: str | int = 0, leader: bool = True, corpus: SuffixIndex | None = None,
+                 eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None):
+        self.key, self.row, self.streamer = key, row, streamer
+        self.prompt = [int(t) for t in prompt]
+        n, w = lookahead.ngram, lookahead.window
+        self.proposer = Proposer(lookahead, self.prompt, corpus) if leader else None
+        self.window = JacobiWindow.seeded(n, w, window_seed(self.prompt, w + n - 3)) if w else None
+        self.stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
+        self.draws = Draws(generation.seed, request)
+        self.tokens = list(self.prompt)      # committed: prompt + output
+        self.ordinary = list(self.prompt)    # committed but not yet in the cache
+        self.cached = 0                      # cache slots holding committed tokens
+        self.result = GenerationResult([], None, "", 0)
+        self.started = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.stopper.reason is not None
+
+    @property
+    def levels(self) -> list[list[int]]:
+        return self.window.levels if self.window is not None else []
+
+    def propose(self) -> TokenTree | None:
+        """This round's candidates (the group leader's proposer; None on the other ranks)."""
+        return self.proposer.tree() if self.proposer is not None else None
+
+    @property
+    def columns(self) -> int:
+        return self.window.columns if self.window is not None else 0
+
+    def plan(self, tree: TokenTree, columns: range | None = None, subtrees: range | None = None) -> RoundPlan:
+        """This rank's rows of the request's round: its block of window `columns` and of the tree's
+        root `subtrees` (lp.parallel.shard; default: all), after the ordinary rows every rank feeds."""
+        starts = list(accumulate(tree.units(), initial=0))
+        subtrees = subtrees if subtrees is not None else range(len(starts) - 1)
+        nodes = range(starts[subtrees.start], starts[subtrees.stop])
+        rnd = build_round(self.ordinary, len(self.tokens) - 1, self.levels, tree, nodes, columns=columns)
+        return RoundPlan(rnd, tree, nodes, rnd.node_rows[0] if nodes else len(rnd), len(rnd.deep_rows))
+
+    def commit(self, decision: Decision, plan: RoundPlan, world: int) -> None:
+        """The round's outcome: the window moves, the emitted tokens are committed up to a stop, the
+        proposer learns them, and the cache bookkeeping follows publication (one worker: the accepted
+        rows' K/V now sit at the frontier) or re-feed (LP: the emitted tokens are next round's rows)."""
+        ngrams = []
+        if self.window is not None:
+            ngrams = self.window.ngrams(self.tokens[-1], decision.deepest)
+            self.window.advance(decision.deepest)
+        emitted = []
+        for token in decision.emitted:
+            emitted.append(token)
+            if self.stopper.push(token):
+                break
+        self.tokens += emitted
+        if self.streamer is not None and emitted:
+            self.streamer.put(torch.tensor(emitted))
+        if self.proposer is not None:
+            self.proposer.commit(emitted, ngrams)
+        frontier = self.cached + len(self.ordinary)
+        if world == 1:       # the accepted rows' K/V were published; the last token is next round's row
+            self.cached = frontier + decision.hits
+            self.ordinary = decision.emitted[-1:]
+        else:                # re-feed: the accepted rows live on one rank only
+            self.cached = frontier
+            self.ordinary = list(decision.emitted)
+        r = self.result
+        r.forwards += 1
+        r.emitted_per_round.append(len(emitted))
+        r.rows_per_round.append(len(plan.rnd))
+        r.max_rows_per_round.append(max(decision.rows))
+
+    def finish(self) -> GenerationResult:
+        r = self.result
+        r.decode_seconds = time.perf_counter() - self.started
+        if self.streamer is not None:
+            self.streamer.end()
+        r.token_ids, r.text, r.finish_reason = self.stopper.tokens, self.stopper.text, self.stopper.reason
+        return r
