@@ -20,10 +20,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from lp.decode.arch import check_model
-from lp.decode.batch import pack_round
+from lp.decode.batch import forward_round, pack_round
 from lp.decode.device import Uploader, uniforms
-from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, forward_logits, move_row, publish, round_cache
-from lp.decode.layout import bucket, round_mask
+from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, move_row, publish, round_cache
+from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
@@ -219,23 +219,10 @@ class Rounds:
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
-        rows = {name: dev[name].view(n, q) for name in ("ids", "pos", "role", "level", "col", "off", "parent", "end")}
-        past = states[0].cached if n == 1 else dev["past"]
-        batch = None if cache.batch == 1 else slice(states[0].row, states[0].row + n)   # rows are contiguous
-        if n == 1:
-            mask = round_mask({f: v[0] for f, v in rows.items()}, past, cache.length, self.model.dtype, self.kinds)
-            ids, pos, keep = rows["ids"], rows["pos"], dev["keep"]
-            slots = torch.arange(past, past + q, device=self.device)
-        else:
-            order = dev["order"].view(n, q)
-            mask = round_mask(rows, past, cache.length, self.model.dtype, self.kinds, order)
-            ids, pos, keep = rows["ids"].gather(1, order), rows["pos"].gather(1, order), k
-            slots = past[:, None] + order
-        cache.rows = batch
-        logits = forward_logits(self.model, ids, pos, mask.attention, cache, keep, slots, self.compiled)
-        logits = logits[None] if n == 1 else logits
+        rows = {name: dev[name].view(n, q) for name in ("ids", "role", "off", "parent")}
+        logits, visible = forward_round(self.model, dev, n, q, k, states[0].cached, states[0].row, cache,
+                                        self.kinds, self.compiled)   # the rows of one request, or of contiguous ones
         predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
-        visible = mask.visible[None] if n == 1 else mask.visible
         payloads, sources, targets = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             kept = len(plan.rnd.logit_rows)
@@ -264,6 +251,8 @@ class Rounds:
         host = time.perf_counter() - round_start - forward_seconds
         for state in states:
             state.result.host_seconds += host
+            state.result.batch_per_round.append(n)
+            state.result.fed_rows_per_round.append(q)
         stats.rounds += 1
         stats.occupancy += n
         stats.rows += n * q

@@ -211,11 +211,12 @@ class RoundTimes:
 
     @contextlib.contextmanager
     def patched(self):
+        import lp.decode.batch as batch
         import lp.engine as engine
         from lp.decode.device import Uploader
         from lp.parallel.dist import Comm
 
-        send, forward, gather, decide = Uploader.send, engine.forward_logits, Comm.all_gather, engine.decide
+        send, forward, gather, decide = Uploader.send, batch.forward_logits, Comm.all_gather, engine.decide
         marks = self.marks
 
         def timed_send(uploader, sections):
@@ -239,12 +240,12 @@ class RoundTimes:
             self.current = None
             return decide(*args, **kwargs)
 
-        Uploader.send, engine.forward_logits, Comm.all_gather, engine.decide = (
+        Uploader.send, batch.forward_logits, Comm.all_gather, engine.decide = (
             timed_send, timed_forward, timed_gather, timed_decide)
         try:
             yield self
         finally:
-            Uploader.send, engine.forward_logits, Comm.all_gather, engine.decide = send, forward, gather, decide
+            Uploader.send, batch.forward_logits, Comm.all_gather, engine.decide = send, forward, gather, decide
 
     def figures(self) -> dict:
         """Call after a synchronize: the events must have completed."""

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lp.decode.layout import FIELDS, bucket, descriptors
+import torch
+
+from lp.decode.kv_cache import RoundCache, forward_logits
+from lp.decode.layout import FIELDS, bucket, descriptors, round_mask
 from lp.decode.request import RoundPlan
 
 
@@ -53,3 +56,25 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
         order += [i for i in range(q) if i not in chosen] + keep
     sections["order"] = order
     return sections, k
+
+
+def forward_round(model, dev: dict[str, torch.Tensor], n: int, q: int, k: int, past: int, first_row: int,
+                  cache: RoundCache, kinds=None, compiled=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over a packed round of `n` requests in cache rows [first_row, first_row + n)
+    (`dev`: the uploaded sections of pack_round, q rows per request, K logit rows kept; `past`: the
+    one request's committed slots, read from "past" on the device for several): (logits [n, K, V]
+    in each request's logit order as pack_round lays them out, each request's visibility among its
+    rows [n, q, q])."""
+    rows = {name: dev[name].view(n, q) for name in FIELDS}
+    if n == 1:
+        mask = round_mask({f: v[0] for f, v in rows.items()}, past, cache.length, model.dtype, kinds)
+        ids, pos, keep = rows["ids"], rows["pos"], dev["keep"]
+        slots = torch.arange(past, past + q, device=ids.device)
+    else:
+        order = dev["order"].view(n, q)
+        mask = round_mask(rows, dev["past"], cache.length, model.dtype, kinds, order)
+        ids, pos, keep = rows["ids"].gather(1, order), rows["pos"].gather(1, order), k
+        slots = dev["past"][:, None] + order
+    cache.rows = None if cache.batch == 1 else slice(first_row, first_row + n)
+    logits = forward_logits(model, ids, pos, mask.attention, cache, keep, slots, compiled)
+    return (logits[None] if n == 1 else logits), (mask.visible[None] if n == 1 else mask.visible)

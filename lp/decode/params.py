@@ -83,6 +83,9 @@ class GenerationParams:
     top_k: int = 0             # 0: off
     top_p: float = 1.0         # 1: off
     seed: int = 0              # draws are a function of (seed, request, round, offset)
+    # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
+    # decodes one request and ignores it
+    batch_size: int = 1
 
     @property
     def sampling(self) -> bool:
@@ -102,6 +105,8 @@ class GenerationParams:
             out.append(f"generation.top_p: {self.top_p!r} must be in (0, 1] (1 is off)")
         if self.seed < 0:
             out.append(f"generation.seed: {self.seed!r} must be >= 0")
+        if self.batch_size < 1:
+            out.append(f"generation.batch_size: {self.batch_size!r} must be >= 1")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append(f"generation.stop: {list(self.stop)!r} must be non-empty strings")
         return out

@@ -319,7 +319,13 @@ def default_stop(data: DataSection) -> tuple[str, ...]:
 def _cross_section_problems(sections: dict[str, Any]) -> list[str]:
     """Rules that involve keys of two sections."""
     out = []
-    output, data = sections["output"], sections["data"]
+    output, data, generation = sections["output"], sections["data"], sections["generation"]
+    if generation.batch_size > 1 and generation.method != "lookahead":
+        out.append(f"generation.batch_size: {generation.batch_size} needs generation.method lookahead "
+                   f"(autoregressive decodes one prompt at a time with transformers generate)")
+    if generation.batch_size > 1 and sections["baseline"].enabled:
+        out.append(f"baseline.enabled: true compares one prompt at a time and needs generation.batch_size 1 "
+                   f"(it is {generation.batch_size})")
     if output.evaluate and data.source not in CODE_SOURCES:
         out.append(f"output.evaluate: {output.evaluate!r} needs data.source {' or '.join(CODE_SOURCES)} (the "
                    f"tests come with the problems); data.source is {data.source!r}")

@@ -41,14 +41,14 @@ from typing import Any
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
-from lp.engine import GenerationResult, lookahead_generate
+from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval, request_id
 from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
-from lp.jobs.summary import RunFacts, error_record, result_record, summarize, tokens_per_second
+from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
 
@@ -187,35 +187,64 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     append each record (with the group's index) to its group's results file, and count it on the
     handout, so that `bar` (global rank 0's) shows every group's records.
 
-    With `lookahead.job_cache` the leader grows the job-wide index of completions in the order it
-    claims prompts: a claimed prompt that already has a record adds its recorded ids, so a resumed
-    job drafts from exactly what an uninterrupted one would. With one LP group that is task order
-    (the dp = 1 behaviour); with several, each group's cache holds only the completions its own
-    claims brought (tokens stay those of any other split, since greedy and sampled output never
-    depend on the candidates, but per-prompt forwards may differ)."""
+    With `generation.batch_size` > 1 the prompts go through lp.engine.decode_batch, up to that many per
+    forward: a record is written as each request ends, in the order they end, and the next claim joins
+    the batch then; the cache is sized once for the longest of the prompts still to decode (sent to
+    the group first).
+
+    With `lookahead.job_cache` the leader grows the job-wide index of completions in the order they
+    end: a claimed prompt that already has a record adds its recorded ids when it is claimed, so a
+    resumed job drafts from the same completions (with batches, possibly at other rounds than an
+    uninterrupted run: tokens are the same, forwards may differ). With one LP group and batch 1 that
+    is task order (the dp = 1 behaviour); with several groups, each group's cache holds only the
+    completions its own claims brought (tokens stay those of any other split, since greedy and sampled
+    output never depend on the candidates, but per-prompt forwards may differ)."""
     todo = [p for p in prompts if p.task_id not in job.records]
     corpus = job_cache(cfg.lookahead) if cfg.generation.method == "lookahead" else None
     if job.kept:
         logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
                     len(prompts), len(todo))
     limit = context_limit(loaded.model)
-    shared = 0  # prompts sent to the other ranks (they count the same)
-    for index in handout:
-        prompt = prompts[index]
-        if prompt.task_id in job.records:
-            if corpus is not None and job.records[prompt.task_id]["token_ids"]:
-                corpus.add(job.records[prompt.task_id]["token_ids"])
+    encoded = {p.task_id: encode_prompt(p, loaded, cfg, limit) for p in todo}
+
+    def claims():
+        """(prompt, ids, request) of each claimed prompt to decode, shared with the group as it is taken;
+        a prompt that cannot be decoded gets its error record here and is never sent."""
+        for index in handout:
+            prompt = prompts[index]
+            if prompt.task_id in job.records:
+                if corpus is not None and job.records[prompt.task_id]["token_ids"]:
+                    corpus.add(job.records[prompt.task_id]["token_ids"])
+                continue
+            ids, error = encoded[prompt.task_id]
+            if error is not None:
+                fail(prompt, ids, error)
+                continue
+            request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
+            comm.share_ids([request, *ids])
+            yield prompt, ids, request
+        comm.share_ids(None)  # no more work (only after a clean loop: a failed collective must not hide the error)
+
+    def fail(prompt: Prompt, ids: list[int] | None, error: str) -> None:
+        job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
+        logger.warning("%s: error: %s", prompt.task_id, error)
+        bar.advance(done=_count(bar, handout))
+
+    if batched(cfg):
+        longest = max((len(ids) for ids, error in encoded.values() if error is None), default=1)
+        comm.share_ids([longest])
+        outcomes = ((prompt, ids, (result, None)) for (prompt, ids), result in
+                    decode_batch(loaded.model, (((p, ids), ids, r) for p, ids, r in claims()), cfg.lookahead,
+                                 cfg.generation, batch_size=cfg.generation.batch_size, prompt_tokens=longest,
+                                 eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
+                                 corpus=corpus, compile_mode=cfg.model.compile))
+    else:
+        outcomes = ((prompt, ids, decode(cfg, loaded, ids, comm, request, shared, corpus))
+                    for shared, (prompt, ids, request) in enumerate(claims()))
+    for prompt, ids, (result, base) in outcomes:
+        if isinstance(result, Exception):     # a prompt the batch's cache cannot hold
+            fail(prompt, ids, str(result))
             continue
-        ids, error = encode_prompt(prompt, loaded, cfg, limit)
-        if error is not None:
-            job.append({**error_record(prompt, error, ids, cfg.generation.method), "group": comm.dp_rank})
-            logger.warning("%s: error: %s", prompt.task_id, error)
-            bar.advance(done=_count(bar, handout))
-            continue
-        request = request_id(prompt.task_id)   # the sampling draws' request: the task's, not its position
-        comm.share_ids([request, *ids])
-        result, base = decode(cfg, loaded, ids, comm, request, shared, corpus)
-        shared += 1
         if corpus is not None and result.token_ids:
             corpus.add(result.token_ids)
         record = {**result_record(prompt, ids, result, cfg.generation.method, base,
@@ -229,16 +258,30 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                     "" if base is None else
                     f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
                     f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
-    comm.share_ids(None)  # no more work (only after a clean loop: a failed collective must not hide the error)
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
     """Ranks other than 0: run the same decodes as rank 0 until it says there is no more work
-    (each message is the request id, then the prompt ids)."""
-    shared = 0
-    while (message := comm.share_ids(None)) is not None:
-        decode(cfg, loaded, message[1:], comm, message[0], shared)
-        shared += 1
+    (each message is the request id, then the prompt ids; with batches, the longest prompt first)."""
+    def messages():
+        while (message := comm.share_ids(None)) is not None:
+            yield message[1:], message[0]
+
+    if batched(cfg):
+        longest = comm.share_ids(None)[0]
+        for _ in decode_batch(loaded.model, ((None, ids, r) for ids, r in messages()), cfg.lookahead,
+                              cfg.generation, batch_size=cfg.generation.batch_size, prompt_tokens=longest,
+                              eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
+                              compile_mode=cfg.model.compile):
+            pass
+        return
+    for shared, (ids, request) in enumerate(messages()):
+        decode(cfg, loaded, ids, comm, request, shared)
+
+
+def batched(cfg: JobConfig) -> bool:
+    """Whether the job decodes several prompts per forward (lp.engine.decode_batch)."""
+    return cfg.generation.method == "lookahead" and cfg.generation.batch_size > 1
 
 
 def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
@@ -316,11 +359,14 @@ def _count(bar: "Progress", handout: Handout) -> int | None:
 
 class Progress:
     """A tqdm bar over the job's prompts on global rank 0: the records of every LP group (read off the
-    handout's count), with live tokens/s and S of rank 0's own group (this run's prompts)."""
+    handout's count), with the live figures of rank 0's own group (this run's prompts): tokens/s over
+    wall time, S, requests and rows per forward, latency p50 and p95."""
 
     def __init__(self, total: int, kept: int, enabled: bool):
         self.kept = kept
-        self.done, self.tokens, self.forwards, self.seconds = kept, 0, 0, 0.0
+        self.done, self.tokens, self.forwards, self.rounds = kept, 0, 0, 0
+        self.shares, self.rows, self.latency = 0.0, 0.0, []
+        self.start = time.perf_counter()
         self.bar = self._redirect = None
         if enabled:
             from tqdm import tqdm
@@ -337,11 +383,19 @@ class Progress:
         if result is not None:
             self.tokens += result.new_tokens
             self.forwards += result.forwards
-            self.seconds += result.decode_seconds
+            self.latency.append(result.decode_seconds)
+            batch = result.batch_per_round or [1] * result.forwards
+            self.rounds += len(batch)
+            self.shares += sum(1 / b for b in batch)
+            self.rows += sum(result.fed_rows_per_round or result.rows_per_round)
         if self.bar is not None:
             if self.forwards:
-                self.bar.set_postfix_str(f"{tokens_per_second(self.tokens, self.seconds) or 0:.1f} tok/s, "
-                                         f"S={self.tokens / self.forwards:.2f}", refresh=False)
+                wall = time.perf_counter() - self.start
+                self.bar.set_postfix_str(
+                    f"{tokens_per_second(self.tokens, wall) or 0:.1f} tok/s, S={self.tokens / self.forwards:.2f}, "
+                    f"batch {self.rounds / self.shares:.1f}, rows/fwd {self.rows / self.shares:.1f}, "
+                    f"p50 {percentile(self.latency, 50):.1f} s, p95 {percentile(self.latency, 95):.1f} s",
+                    refresh=False)
             self.bar.update(self.done - self.bar.n)
 
     def close(self) -> None:

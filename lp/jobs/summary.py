@@ -40,6 +40,11 @@ def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult
         "max_rows_per_round": _mean(result.max_rows_per_round),
         "collectives": result.collectives,
         "bytes_moved": result.bytes_moved,
+        # this request's share of the job's forwards (1/requests in each of its rounds) and the rows per
+        # request those forwards fed, padding included (decode_batch; one request per forward otherwise)
+        "batch_forwards": (sum(1 / b for b in result.batch_per_round) if result.batch_per_round
+                           else float(result.forwards)),
+        "fed_rows_per_round": _mean(result.fed_rows_per_round or result.rows_per_round),
     }
     if baseline is not None:
         record.update({
@@ -148,6 +153,8 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
         **job_figures(records, run, comm.dp_size, comm.world),
         # rows rank 0 fed per round and rows the busiest rank fed (counted from the ids each packed)
         "rows_per_round": _per_round(ok, "rows_per_round", rounds),
+        # batched decoding: requests per forward and rows per forward (every request's, padding included)
+        **batch_figures(ok),
         "max_rows_per_round": _per_round(ok, "max_rows_per_round", rounds),
         "collectives_per_round": sum(r["collectives"] for r in ok) / rounds if rounds else None,
         "bytes_per_round": sum(r["bytes_moved"] for r in ok) / rounds if rounds else None,
@@ -187,6 +194,16 @@ TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_rou
                          "latency_max_s"}) | RUN_KEYS
 
 
+def batch_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean requests per forward and rows per forward over the decoded records (each record carries its
+    share of the forwards it was in and the rows per request they fed)."""
+    forwards = sum(r.get("batch_forwards", r["forwards"]) for r in records)
+    rounds = sum(r["rounds"] for r in records)
+    rows = sum(r.get("fed_rows_per_round", r["rows_per_round"]) * r["rounds"] for r in records)
+    return {"batch_forwards": forwards, "mean_batch": rounds / forwards if forwards else None,
+            "rows_per_forward": rows / forwards if forwards else None}
+
+
 def _mean(values: list[int]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -222,7 +239,9 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"world size {summary['world_size']} ({summary['backend']}), rows/round "
         f"{_fmt(summary['rows_per_round'], '.1f')} (busiest rank {_fmt(summary['max_rows_per_round'], '.1f')}), "
         f"{_fmt(summary['collectives_per_round'], '.1f')} collectives and "
-        f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round",
+        f"{_fmt(summary['bytes_per_round'], '.0f')} bytes per round; {_fmt(summary['mean_batch'], '.2f')} "
+        f"requests and {_fmt(summary['rows_per_forward'], '.1f')} rows per forward "
+        f"(generation.batch_size {cfg.generation.batch_size})",
         f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
         f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
         f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall, "

@@ -1,0 +1,168 @@
+"""Batched rounds (lp.engine.decode_batch): in float64 every request of a batch decodes exactly its own
+`model.generate(do_sample=False)` ids, whatever shares its forwards (requests joining mid-run, more
+slots than prompts, prompts of 1 to 60 tokens, EOS and max_new_tokens inside rounds, the Jacobi window
+and token trees on, sliding-window, soft-capped and MLA families); a packed round's logits equal each
+request's round run alone; sampling at batch 2 reproduces the model's joint; a prompt the batch's cache
+cannot hold fails alone; LP splits a batch's rows with the same tokens and per-round counts."""
+from collections import Counter
+
+import pytest
+import torch
+
+from lp.decode.batch import forward_round, pack_round
+from lp.decode.device import Uploader
+from lp.decode.kv_cache import RoundCache
+from lp.decode.layout import build_round
+from lp.decode.request import RoundPlan
+from lp.decode.tree import EMPTY, tree_of
+from lp.engine import BatchStats, GenerationParams, LookaheadParams, decode_batch
+from lp.jobs.config import JOB_LOOKAHEAD
+from lp.tiny import tiny_random
+from test_lp import torchrun
+from test_sampling import NEW as SAMPLED_NEW, PROMPT as SAMPLED_PROMPT, chi_square_p, exact_joint, model8  # noqa: F401
+
+BASE = [5, 9, 12, 5, 9, 30, 41, 5, 9, 12, 7, 7, 18, 22, 5, 9, 12, 40, 3, 11]
+PROMPTS = [BASE, [33, 8, 33, 8, 14, 60], BASE * 3, [7], BASE[:9], [4, 4, 4, 4, 5, 6] * 5, BASE[3:]]   # 1..60 tokens
+NEW = 40
+CONFIGS = {
+    "job": LookaheadParams(**JOB_LOOKAHEAD),
+    "window+lookup+tree": LookaheadParams(window=4, ngram=4, guesses=4, lookup_candidates=2, lookup_tokens=6,
+                                          suffix_factor=6, suffix_tokens=24),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = tiny_random(family, dtype=torch.float64, experts_implementation="eager")
+        return cache[family]
+    return get
+
+
+def generate(model, prompt, new=NEW, eos=None):
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new,
+                         pad_token_id=0, eos_token_id=eos)[0, len(prompt):].tolist()
+    return out[:out.index(eos) + 1] if eos is not None and eos in out else out
+
+
+def run_batch(model, prompts, params, batch_size, new=NEW, eos=(), stats=None, **kw):
+    return dict(decode_batch(model, [(i, p, i) for i, p in enumerate(prompts)], params, GenerationParams(new),
+                             batch_size=batch_size, prompt_tokens=max(map(len, prompts)), eos_token_ids=eos,
+                             stats=stats, **kw))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen2-swa", "deepseek-v3"])
+def test_every_request_of_a_batch_is_its_own_generate(models, family):
+    """B = 2 (five requests join mid-run) and B = 8 (more slots than prompts), both configs; the EOS is a
+    token from the middle of one reference, so some requests end on it inside a round."""
+    model = models(family)
+    plain = [generate(model, p) for p in PROMPTS]
+    # the EOS: a token that some references reach after a few tokens and others never produce
+    seen = Counter(t for r in plain for t in set(r[5:]) - set(r[:5]))
+    eos = min(seen, key=lambda t: (seen[t], t))
+    references = [generate(model, p, eos=eos) for p in PROMPTS]
+    assert sum(len(r) < NEW for r in references) >= 1 and sum(len(r) == NEW for r in references) >= 1
+    for name, params in CONFIGS.items():
+        for batch_size in (2, 8):
+            stats = BatchStats()
+            out = run_batch(model, PROMPTS, params, batch_size, eos=[eos], stats=stats)
+            for i, reference in enumerate(references):
+                assert out[i].token_ids == reference, (family, name, batch_size, i)
+            assert stats.occupancy > stats.rounds, "rounds really packed several requests"
+            assert any(e > 1 for r in out.values() for e in r.emitted_per_round), "drafts were accepted"
+            assert {r.finish_reason for r in out.values()} == {"eos", "length"}
+
+
+def test_packed_round_logits_equal_each_round_alone():
+    """Three requests at different pasts with different rounds (a prefill with a window, one ordinary
+    row with a tree, a window and a tree) packed into one forward over a 3-row cache: every logit row
+    equals the same round run alone on a one-row cache (< 1e-9)."""
+    model = tiny_random("llama", dtype=torch.float64)
+    vocab = model.config.vocab_size
+    prompts = [[3, 5, 7, 9, 11, 13, 2, 4], [6, 1, 6, 1, 8], [(7 * i) % vocab for i in range(1, 15)]]
+    pre = [0, 4, 13]     # cached prefix of each request before the round
+    rounds = [
+        (prompts[0], [[11, 12, 13], [21, 22, 23, 24]], EMPTY),
+        (prompts[1][4:], [], tree_of([(41, 42, 43), (41, 44), (51,)])),
+        (prompts[2][13:], [[11, 12], [21, 22, 23], [31, 32, 33]], tree_of([(45, 46), (47,)])),
+    ]
+    batched, alone = RoundCache(model, 64, batch=3), [RoundCache(model, 64) for _ in prompts]
+    up = Uploader("cpu")
+
+    def run(plans, pasts, first_row, cache):
+        q = max(len(p.rnd) for p in plans)
+        sections, k = pack_round(plans, pasts, list(range(first_row, first_row + len(plans))), q, False)
+        logits, _ = forward_round(model, up.send(sections), len(plans), q, k, pasts[0], first_row, cache)
+        return [logits[i, k - len(p.rnd.logit_rows):] if len(plans) > 1 else logits[0, :len(p.rnd.logit_rows)]
+                for i, p in enumerate(plans)]
+
+    def plan(ordinary, position, levels=(), tree=EMPTY):
+        rnd = build_round(ordinary, position, list(levels), tree)
+        return RoundPlan(rnd, tree, range(len(tree)), rnd.node_rows[0] if len(tree) else len(rnd), len(rnd.deep_rows))
+
+    with torch.inference_mode():
+        for i, (prompt, past) in enumerate(zip(prompts, pre)):
+            if past:     # the committed prefix, written by a prefill round alone into each cache
+                prefix = plan(prompt[:past], past - 1)
+                run([prefix], [0], i, batched)
+                run([prefix], [0], 0, alone[i])
+        plans = [plan(ordinary, past + len(ordinary) - 1, [[t % vocab for t in lv] for lv in levels],
+                      tree_of([tuple(t % vocab for t in c) for c in tree.chains()]) if len(tree) else EMPTY)
+                 for (ordinary, levels, tree), past in zip(rounds, pre)]
+        packed = run(plans, pre, 0, batched)
+        for i, p in enumerate(plans):
+            single = run([p], [pre[i]], 0, alone[i])[0]
+            assert packed[i].shape == single.shape and len(p.rnd.logit_rows) > 1
+            assert (packed[i] - single).abs().max().item() < 1e-9, i
+
+
+def test_a_prompt_the_cache_cannot_hold_fails_alone(models):
+    model = models("llama")
+    prompts = [BASE[:6], BASE * 20, BASE[:8]]
+    out = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(prompts)], CONFIGS["job"],
+                            GenerationParams(16), batch_size=2, prompt_tokens=8))
+    assert isinstance(out[1], ValueError) and "400 tokens" in str(out[1]) and "cache slots" in str(out[1])
+    for i in (0, 2):
+        assert out[i].token_ids == generate(model, prompts[i], 16)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_sampling_at_batch_2_matches_the_models_joint(model8, on_device):
+    """Pairs of requests share every forward; each request's first tokens follow the model's joint."""
+    n = 1500
+    gen = GenerationParams(SAMPLED_NEW, temperature=1.0, seed=11)
+    params = LookaheadParams(3, 3, 4)
+    outs, multi = [], 0
+    for key, r in decode_batch(model8, [(i, SAMPLED_PROMPT, i) for i in range(n)], params, gen, batch_size=2,
+                               sampling_on_device=on_device):
+        outs.append(tuple(r.token_ids))
+        multi += sum(e > 1 for e in r.emitted_per_round)
+    assert multi > n // 10
+    joint = exact_joint(model8, SAMPLED_PROMPT, 1.0, 0, 1.0)
+    cells = sorted(joint)
+    counts = Counter(outs)
+    assert set(counts) <= set(cells)
+    p_value = chi_square_p([counts[c] for c in cells], [n * joint[c] for c in cells])
+    print(f"batch 2, on_device={on_device}: chi-square p = {p_value:.3f}")
+    assert p_value > 1e-3
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_lp_splits_a_batch_with_the_same_tokens_and_rounds(models, nproc, tmp_path):
+    """P = 2, 3 (torchrun, gloo) on batches of 2 and 3: every request's tokens and per-round emitted counts
+    equal the single worker's batch (and its own generate)."""
+    model = models("qwen2-swa")
+    params = {"w": 4, "n": 4, "g": 4, "lookup": {"lookup_candidates": 2, "lookup_tokens": 6, "suffix_factor": 6,
+                                                   "suffix_tokens": 24}}
+    cases = [{"model": "m", "batch": b, "prompts": PROMPTS[:5], "max_new": 24, **params} for b in (2, 3)]
+    ranks = torchrun(nproc, {"models": {"m": {"family": "qwen2-swa"}}, "cases": cases}, tmp_path)
+    for case, got in zip(cases, zip(*[r["results"] for r in ranks])):
+        single = run_batch(model, case["prompts"], LookaheadParams(4, 4, 4, **params["lookup"]), case["batch"], 24)
+        for rank in got:
+            for i, r in enumerate(rank["batch"]):
+                assert r["tokens"] == single[i].token_ids == generate(model, case["prompts"][i], 24)
+                assert r["emitted"] == single[i].emitted_per_round, (nproc, case["batch"], i)
