@@ -1,0 +1,120 @@
+"""Jobs with generation.batch_size > 1 (continuous batching): the records of a batched job equal the
+batch-1 job's (float64), bad prompts get their error records and the others go on, a killed batched job
+resumes to one record per task with the uninterrupted run's tokens, LP groups (P = 2, dp x lp) decode
+batches with the same tokens, the summary carries requests and rows per forward, and bad settings fail
+as config errors."""
+import json
+
+import pytest
+from click.testing import CliRunner
+from multiproc import prompt_lines, start_ranks, write_job
+
+from lp.run import main
+from test_resume import kill_after, lines_of
+
+TIMEOUT_S = 180
+TEXTS = [("a", "abcabcxyz"), ("b", "qrsqrs"), ("c", "abcabcxyz abc"), ("d", "mnomno" * 6), ("e", "zz"),
+         ("f", "hello hello hello"), ("g", "xyzxyzab" * 3), ("h", "q")]
+
+
+def job(tmp_path, **sections):
+    lines = prompt_lines(TEXTS[:3]) + ["{broken", json.dumps({"task_id": "empty", "prompt": ""})] \
+        + prompt_lines(TEXTS[3:])
+    sections = {"model": {"dtype": "float64"}, "generation": {"max_new_tokens": 20},
+                "lookahead": {"window": 4, "ngram": 4, "guesses": 4, "suffix_factor": 4, "job_cache": True}, **sections}
+    return write_job(tmp_path, lines, **sections)
+
+
+def run(config, *args):
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def records(out):
+    return [json.loads(line) for line in lines_of(out / "results.jsonl")]
+
+
+def by_task(recs):
+    return {r["task_id"]: r for r in recs}
+
+
+@pytest.fixture(scope="module")
+def batch_one(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("one")
+    config = job(tmp)
+    run(config)
+    return records(tmp / "out"), json.loads((tmp / "out" / "summary.json").read_text()), tmp / "out"
+
+
+def test_batched_job_has_the_batch_one_records(tmp_path, batch_one):
+    one, one_summary, one_dir = batch_one
+    config = job(tmp_path, generation={"max_new_tokens": 20, "batch_size": 3})
+    result = run(config)
+    many = records(tmp_path / "out")
+    assert sorted(r["task_id"] for r in many) == sorted(r["task_id"] for r in one)     # one record per task
+    assert len(many) == len(TEXTS) + 2
+    a, b = by_task(one), by_task(many)
+    for task, r in a.items():
+        assert b[task]["token_ids"] == r["token_ids"] and b[task]["finish_reason"] == r["finish_reason"], task
+        assert b[task]["error"] == r["error"]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["errors"] == 2 and one_summary["mean_batch"] == 1.0
+    assert 1.5 < summary["mean_batch"] <= 3 and summary["rows_per_forward"] > one_summary["rows_per_forward"]
+    assert summary["batch_forwards"] < one_summary["batch_forwards"]
+    assert "requests and" in result.stdout and "rows per forward (generation.batch_size 3)" in result.stdout
+    # samples in task order, not in the order requests ended
+    assert lines_of(tmp_path / "out" / "samples.jsonl") == lines_of(one_dir / "samples.jsonl")
+    assert [r["task_id"] for r in many] != [r["task_id"] for r in one]     # records: as requests ended
+
+
+def test_killed_batched_job_resumes_to_one_record_per_task(tmp_path):
+    config = job(tmp_path, generation={"max_new_tokens": 20, "batch_size": 2})
+    whole = tmp_path / "whole"
+    run(config, "--set", f"output.dir={whole}")
+    out = tmp_path / "out"
+    kept = kill_after(config, 3, out)
+    assert 3 <= len(kept) < len(TEXTS) + 2, "the job finished before it could be killed"
+    run(config)
+    resumed = records(out)
+    assert lines_of(out / "results.jsonl")[:len(kept)] == kept
+    assert len(resumed) == len({r["task_id"] for r in resumed}) == len(TEXTS) + 2
+    uninterrupted = by_task(records(whole))
+    for r in resumed:
+        assert r["token_ids"] == uninterrupted[r["task_id"]]["token_ids"], r["task_id"]
+
+
+@pytest.mark.parametrize("world,lp_size", [(2, None), (2, 1)], ids=["lp2", "dp2"])
+def test_batched_job_under_torchrun(tmp_path, batch_one, world, lp_size):
+    """P = 2 splits every batched round's rows; two dp groups each run their own batch."""
+    one, _, _ = batch_one
+    config = job(tmp_path, generation={"max_new_tokens": 20, "batch_size": 3},
+                 distributed={"backend": "gloo", "timeout_s": TIMEOUT_S, "lp_size": lp_size})
+    procs = start_ranks(config, world=world)
+    try:
+        outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * world, outs
+    got = {}
+    for path in sorted((tmp_path / "out").glob("results*.jsonl")):
+        got.update(by_task(json.loads(line) for line in path.read_text().splitlines()))
+    assert set(got) == set(by_task(one))
+    for task, r in by_task(one).items():
+        assert got[task]["token_ids"] == r["token_ids"], task
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["world_size"] == world and summary["mean_batch"] > 1
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["generation.batch_size=0"], "generation.batch_size: 0 must be >= 1"),
+    (["generation.batch_size=2", "baseline=true"], "needs generation.batch_size 1"),
+    (["generation.batch_size=2", "generation.method=autoregressive"], "needs generation.method lookahead"),
+])
+def test_bad_batch_settings_are_config_errors(tmp_path, sets, message):
+    config = job(tmp_path)
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *[x for s in sets for x in ("--set", s)]])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
