@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from lp.decode.arch import check_model
 from lp.decode.batch import forward_round, pack_round
+from lp.decode.budget import rows_per_request
 from lp.decode.device import Uploader, uniforms
-from lp.decode.kv_cache import COMPILE_MODES, compiled_forward, move_row, publish, round_cache
+from lp.decode.kv_cache import COMPILE_MODES, attended, compiled_forward, move_row, publish, round_cache
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
@@ -106,6 +107,7 @@ def decode_batch(
     sampling_on_device: bool | None = None,
     streamer=None,
     stats: BatchStats | None = None,
+    row_cost: Callable[[int], float] | None = None,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each; `request` names it in the sampling draws)
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
@@ -115,7 +117,9 @@ def decode_batch(
     holds `batch_size` rows of slots for prompts of up to `prompt_tokens` tokens (default: the
     first prompt's). With a multi-worker `comm` every rank calls this with the same prompts in the
     same order (the iterator is only advanced when a slot is free, at the same round on every
-    rank); a request's greedy tokens never depend on what shares its forwards."""
+    rank); a request's greedy tokens never depend on what shares its forwards. `row_cost` (seconds of
+    one forward of r rows: the device's measured curve) turns on the row budget (lp/decode/budget.py):
+    each round the leader cuts every request's tree to the rows that pay for themselves."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -125,7 +129,7 @@ def decode_batch(
     comm = comm or Comm()
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
-    rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds)
+    rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost)
     active: list[RequestState] = []
     collectives, bytes_moved = comm.collectives, comm.bytes_moved
 
@@ -187,8 +191,9 @@ class Rounds:
     commit."""
 
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
-                 compile_mode: str, sampling_on_device: bool | None, kinds):
-        self.model, self.comm, self.kinds = model, comm, kinds
+                 compile_mode: str, sampling_on_device: bool | None, kinds, row_cost=None):
+        self.model, self.comm, self.kinds, self.row_cost = model, comm, kinds, row_cost
+        self.tree_budget = lookahead.tree_budget or None
         self.width, self.capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
         w, n = lookahead.window, lookahead.ngram
         self.deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
@@ -204,7 +209,7 @@ class Rounds:
     def run(self, states: list[RequestState], stats: BatchStats) -> None:
         comm, cache, n, width = self.comm, self.cache, len(states), self.width
         round_start = time.perf_counter()
-        trees = self.share_trees([s.propose() for s in states] if comm.rank == 0 else None, n)
+        trees = self.share_trees(self.propose(states) if comm.rank == 0 else None, n)
         plans = []
         for state, tree in zip(states, trees):
             mine = shard_plan(comm.world, state.columns, len(state.levels), tree.units(), len(state.ordinary))
@@ -220,8 +225,9 @@ class Rounds:
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
         rows = {name: dev[name].view(n, q) for name in ("ids", "role", "off", "parent")}
+        span = attended(max(s.cached for s in states) + q, cache.length, self.compiled is not None)
         logits, visible = forward_round(self.model, dev, n, q, k, states[0].cached, states[0].row, cache,
-                                        self.kinds, self.compiled)   # the rows of one request, or of contiguous ones
+                                        self.kinds, self.compiled, span)   # one request's rows, or contiguous ones
         predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
         payloads, sources, targets = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
@@ -256,6 +262,16 @@ class Rounds:
         stats.rounds += 1
         stats.occupancy += n
         stats.rows += n * q
+
+    def propose(self, states: list[RequestState]) -> list[TokenTree]:
+        """The leader's trees for the round: each request's candidates, cut by the row budget when
+        there is one (the rows of one worker: base rows, then the best nodes)."""
+        if self.row_cost is None:
+            return [s.proposer.tree() for s in states]
+        builders = [s.proposer.candidates() for s in states]
+        _, keep = rows_per_request([s.base_rows() for s in states],
+                                   [b.ranking(self.tree_budget) for b in builders], self.row_cost)
+        return [b.build(k) for b, k in zip(builders, keep)]
 
     def share_trees(self, trees: list[TokenTree] | None, n: int) -> list[TokenTree]:
         """The leader's trees for the round's `n` requests on every rank of the group (one broadcast)."""

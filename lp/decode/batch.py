@@ -59,20 +59,22 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
 
 
 def forward_round(model, dev: dict[str, torch.Tensor], n: int, q: int, k: int, past: int, first_row: int,
-                  cache: RoundCache, kinds=None, compiled=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cache: RoundCache, kinds=None, compiled=None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over a packed round of `n` requests in cache rows [first_row, first_row + n)
     (`dev`: the uploaded sections of pack_round, q rows per request, K logit rows kept; `past`: the
     one request's committed slots, read from "past" on the device for several): (logits [n, K, V]
     in each request's logit order as pack_round lays them out, each request's visibility among its
-    rows [n, q, q])."""
+    rows [n, q, q]). Attention reads the first `span` slots of each cache row (default: all), which
+    must hold every request's committed slots and round."""
     rows = {name: dev[name].view(n, q) for name in FIELDS}
+    span = span or cache.length
     if n == 1:
-        mask = round_mask({f: v[0] for f, v in rows.items()}, past, cache.length, model.dtype, kinds)
+        mask = round_mask({f: v[0] for f, v in rows.items()}, past, span, model.dtype, kinds)
         ids, pos, keep = rows["ids"], rows["pos"], dev["keep"]
         slots = torch.arange(past, past + q, device=ids.device)
     else:
         order = dev["order"].view(n, q)
-        mask = round_mask(rows, dev["past"], cache.length, model.dtype, kinds, order)
+        mask = round_mask(rows, dev["past"], span, model.dtype, kinds, order)
         ids, pos, keep = rows["ids"].gather(1, order), rows["pos"].gather(1, order), k
         slots = dev["past"][:, None] + order
     cache.rows = None if cache.batch == 1 else slice(first_row, first_row + n)

@@ -24,6 +24,7 @@ Supported range: transformers 5.17 .. 5.x. Differences handled here:
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -60,10 +61,11 @@ class _RoundLayer(CacheLayerMixin):
             batch = torch.arange(slots.shape[0], device=slots.device)[:, None]
             keys[batch, :, slots] = key_states.transpose(1, 2)
             values[batch, :, slots] = value_states.transpose(1, 2)
-        return keys, values
+        span = self.owner.span
+        return keys[:, :, :span], values[:, :, :span]      # views: attention reads the slots in use only
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.length, 0
+        return self.owner.span, 0
 
     def get_seq_length(self) -> int:
         return 0     # the engine tracks the committed length; transformers only asks without position_ids
@@ -101,15 +103,27 @@ class RoundCache(Cache):
     """Static cache of `batch` rows of `length` slots for every layer of `model`, allocated at once
     in the model's dtype on its device, each layer in the shape it writes (`layer_shapes`). Before
     a forward, `rows` (a slice; None: all) picks the cache rows its batch uses, in order, and
-    `slots` (a device tensor, [Q] or [B, Q]) says where each batch row's rows go."""
+    `slots` (a device tensor, [Q] or [B, Q]) says where each batch row's rows go, and `span` how many
+    leading slots attention reads (`attended`: the slots in use, not the whole allocation)."""
 
     def __init__(self, model, length: int, batch: int = 1):
         param = next(model.parameters())
         self.length, self.batch = length, batch
+        self.span = length                 # slots the next forward attends over (its mask's width)
         self.rows: slice | None = None
         self.slots: torch.Tensor | None = None
         super().__init__(layers=[_RoundLayer(self, shape, param.dtype, param.device)
                                  for shape in layer_shapes(model)])
+
+
+SPAN_QUANTUM = 128      # attention reads the used slots rounded up to this (compiled rounds: a power of two)
+
+
+def attended(need: int, length: int, compiled: bool = False) -> int:
+    """The slots a forward attends over when its rows reach slot `need`: rounded up to SPAN_QUANTUM
+    (a power of two from SLOT_QUANTUM for compiled rounds: few shapes), at most `length`."""
+    span = cache_length(need) if compiled else -(-need // SPAN_QUANTUM) * SPAN_QUANTUM
+    return min(span, length)
 
 
 def cache_length(need: int) -> int:
@@ -180,6 +194,34 @@ def forward(model, cache, **kwargs):
     return model(use_cache=True, **kwargs)
 
 
+@contextmanager
+def _sdpa_gqa():
+    """transformers' SDPA path repeats grouped K/V heads whenever a mask is given (its
+    `use_gqa_in_sdpa`; 5.17 and 5.24 alike): a copy of the whole attended cache per layer and
+    forward, the largest cost of a batched round on a CPU. torch's SDPA takes grouped heads with
+    any mask (`enable_gqa`), so while our forward runs, heads of equal key and value size go to it
+    unrepeated (MLA's unequal sizes keep transformers' rule)."""
+    module = _sdpa_module()
+    if module is None or not hasattr(module, "use_gqa_in_sdpa"):
+        yield
+        return
+    original = module.use_gqa_in_sdpa
+    module.use_gqa_in_sdpa = lambda mask, key, value: key.shape[-1] == value.shape[-1] or original(mask, key, value)
+    try:
+        yield
+    finally:
+        module.use_gqa_in_sdpa = original
+
+
+@lru_cache(maxsize=None)
+def _sdpa_module():
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:     # pragma: no cover  (a transformers without the module: nothing to change)
+        return None
+    return sdpa_attention
+
+
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
                    compiled=None) -> torch.Tensor:
     """One forward over a round's rows; logits [K, V] for `logit_rows` only ([B, K, V] for a batch
@@ -187,8 +229,11 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
     is a compiled model call."""
     if slots is not None:
         cache.slots = slots
+    if isinstance(cache, RoundCache):       # attention reads as many slots as the mask is wide
+        cache.span = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]
     call = compiled or model
     kwargs = {_cache_kwarg(type(model)): cache}
-    out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
-               use_cache=True, **kwargs)
+    with _sdpa_gqa():
+        out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
+                   use_cache=True, **kwargs)
     return out.logits[0] if out.logits.shape[0] == 1 else out.logits

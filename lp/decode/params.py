@@ -18,7 +18,10 @@ class LookaheadParams:
       min(`suffix_tokens`, factor x match length) nodes each, none scored
       below `suffix_min_score`;
     - all merged into one token tree of at most `tree_budget` nodes (0: no cut
-      beyond each source's own limit), the best-scoring nodes kept.
+      beyond each source's own limit), the best-scoring nodes kept;
+    - with several requests per forward (a job's `generation.batch_size` > 1), `row_budget` cuts
+      every round's trees further, to the rows the device's measured forward-time curve says pay
+      for themselves (lp/decode/budget.py); a batch of one is never cut.
     """
     window: int = 15
     ngram: int = 5
@@ -32,6 +35,7 @@ class LookaheadParams:
     suffix_min_score: float = 0.0
     job_cache: bool = False
     tree_budget: int = 0
+    row_budget: bool = True
 
     @property
     def suffix(self) -> bool:

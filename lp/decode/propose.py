@@ -53,6 +53,10 @@ class Proposer:
 
     def tree(self) -> TokenTree:
         """This round's candidates."""
+        return self.candidates().build(self.params.tree_budget or None)
+
+    def candidates(self) -> TreeBuilder:
+        """This round's candidates, scored, before the tree budget cuts them."""
         p, builder = self.params, TreeBuilder()
         if p.suffix:
             for index in (self.index, self.corpus):
@@ -65,7 +69,7 @@ class Proposer:
         if self.pool is not None:
             for suffix in self.pool.candidates(self.tokens[-1], p.guesses):
                 builder.add(suffix, GUESS_SCORE)
-        return builder.build(p.tree_budget or None)
+        return builder
 
     def commit(self, emitted: Sequence[int], window_ngrams: Iterable[tuple[int, Sequence[int]]] = ()) -> None:
         """After a round: the window's n-grams, then the committed tokens."""

@@ -110,9 +110,9 @@ class RequestState:
     def levels(self) -> list[list[int]]:
         return self.window.levels if self.window is not None else []
 
-    def propose(self) -> TokenTree | None:
-        """This round's candidates (the group leader's proposer; None on the other ranks)."""
-        return self.proposer.tree() if self.proposer is not None else None
+    def base_rows(self) -> int:
+        """Rows this round feeds on one worker besides its tree: the ordinary rows and the window."""
+        return len(build_round(self.ordinary, len(self.tokens) - 1, self.levels))
 
     @property
     def columns(self) -> int:

@@ -115,12 +115,22 @@ class TreeBuilder:
                 self._scores[child] = score
             mapped.append(child)
 
-    def build(self, budget: int | None = None) -> TokenTree:
+    def _ranked(self) -> tuple[list[int], list[int]]:
+        """(nodes best first: score, then shallower, then earlier; depth of every node)."""
         n = len(self._tokens)
         depth = [0] * n
         for i, p in enumerate(self._parents):   # parents are inserted before children
             depth[i] = 1 if p < 0 else depth[p] + 1
-        keep = sorted(range(n), key=lambda i: (-self._scores[i], depth[i], i))
+        return sorted(range(n), key=lambda i: (-self._scores[i], depth[i], i)), depth
+
+    def ranking(self, budget: int | None = None) -> list[float]:
+        """The scores of the nodes `build(budget)` keeps, best first: `build(k)` keeps the first k
+        (a child never ranks before its parent)."""
+        keep, _ = self._ranked()
+        return [self._scores[i] for i in (keep if budget is None else keep[:max(budget, 0)])]
+
+    def build(self, budget: int | None = None) -> TokenTree:
+        keep, depth = self._ranked()
         if budget is not None:
             keep = keep[:max(budget, 0)]
         kept = set(keep)

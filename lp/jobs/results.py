@@ -40,6 +40,7 @@ GROUP_RESULTS = "results.group{}.jsonl"     # LP group k > 0
 SUMMARY_FILE = "summary.json"
 SAMPLES_FILE = "samples.jsonl"
 EVAL_FILE = "eval.jsonl"
+CURVE_FILE = "cost_curve.json"
 LOCK_FILE = ".lock"
 
 
@@ -65,6 +66,7 @@ class JobDir:
         self.summary_path = self.dir / SUMMARY_FILE
         self.samples_path = self.dir / SAMPLES_FILE
         self.eval_path = self.dir / EVAL_FILE
+        self.curve_path = self.dir / CURVE_FILE
         self.records: dict[str, dict[str, Any]] = {}  # task id -> first record, in file order
         self.kept = 0       # records found when the directory was opened
         self.kept_ids: frozenset[str] = frozenset()     # their task ids
@@ -79,7 +81,8 @@ class JobDir:
         self._take_lock()
         try:
             if fresh:
-                for path in (*self.result_files(), self.summary_path, self.samples_path, self.eval_path):
+                for path in (*self.result_files(), self.summary_path, self.samples_path, self.eval_path,
+                             self.curve_path):
                     path.unlink(missing_ok=True)
             self.records = self._read_records()
             self.kept = len(self.records)
@@ -177,6 +180,19 @@ class JobDir:
                 os.fsync(fh.fileno())
 
     # ---- writing ------------------------------------------------------------------------------------------
+
+    def read_curve(self) -> list[dict[str, float]] | None:
+        """The forward-time curve recorded with this job (the row budget's), None before one is."""
+        try:
+            return json.loads(self.curve_path.read_text(encoding="utf-8"))["curve"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise JobDirError(f"{self.curve_path} cannot be read ({e}); delete it to measure the curve again") from None
+
+    def write_curve(self, curve: list[dict[str, float]], prefix: int) -> list[dict[str, float]]:
+        write_atomic(self.curve_path, json.dumps({"prefix_tokens": prefix, "curve": curve}, indent=1) + "\n")
+        return curve
 
     def append(self, record: dict[str, Any]) -> None:
         """Add one finished prompt's record: one line, flushed and fsynced before returning."""

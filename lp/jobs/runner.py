@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
-from lp.engine import GenerationResult, decode_batch, lookahead_generate
+from lp.engine import GenerationResult, decode_batch, lookahead_generate, round_rows_bound
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval, request_id
@@ -49,6 +50,7 @@ from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
+from lp.measure.cost_model import batch_curve, batch_forward_time
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
 
@@ -114,8 +116,13 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
                     loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
+        curve = None      # the row budget's forward-time curve: measured once, kept with the job for a resume
+        if first and budgeted(cfg):
+            curve = job.read_curve() or job.write_curve(measure_curve(cfg, loaded), CURVE_PREFIX)
         if comm.dp_size > 1:
             comm.world_barrier()
+        if comm.lead and not first and budgeted(cfg):
+            curve = job.read_curve()
         start = time.perf_counter()
         if not comm.lead:
             _follow(cfg, loaded, comm)
@@ -123,7 +130,7 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             return None
         bar = Progress(len(prompts), sum(p.task_id in job.records for p in prompts), enabled=progress)
         try:
-            _lead(cfg, loaded, comm, prompts, job, bar, handout)
+            _lead(cfg, loaded, comm, prompts, job, bar, handout, curve)
             if not first:
                 job.close()     # closed (and fsynced line by line) before the group counts itself done
                 handout.done()
@@ -182,7 +189,7 @@ def answer(cfg: JobConfig, prompt: Prompt, text: str) -> tuple[str, str]:
 
 
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
-          bar: "Progress", handout: Handout) -> None:
+          bar: "Progress", handout: Handout, curve: list[dict] | None = None) -> None:
     """A group's leader: decode (and share with its group) every prompt it claims that has no record,
     append each record (with the group's index) to its group's results file, and count it on the
     handout, so that `bar` (global rank 0's) shows every group's records.
@@ -190,7 +197,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     With `generation.batch_size` > 1 the prompts go through lp.engine.decode_batch, up to that many per
     forward: a record is written as each request ends, in the order they end, and the next claim joins
     the batch then; the cache is sized once for the longest of the prompts still to decode (sent to
-    the group first).
+    the group first). With `lookahead.row_budget` the leader cuts each round's trees to what the
+    job's recorded forward-time `curve` says pays (measured once, kept in the output directory).
 
     With `lookahead.job_cache` the leader grows the job-wide index of completions in the order they
     end: a claimed prompt that already has a record adds its recorded ids when it is claimed, so a
@@ -237,7 +245,8 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                     decode_batch(loaded.model, (((p, ids), ids, r) for p, ids, r in claims()), cfg.lookahead,
                                  cfg.generation, batch_size=cfg.generation.batch_size, prompt_tokens=longest,
                                  eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
-                                 corpus=corpus, compile_mode=cfg.model.compile))
+                                 corpus=corpus, compile_mode=cfg.model.compile,
+                                 row_cost=None if curve is None else partial(batch_forward_time, curve)))
     else:
         outcomes = ((prompt, ids, decode(cfg, loaded, ids, comm, request, shared, corpus))
                     for shared, (prompt, ids, request) in enumerate(claims()))
@@ -282,6 +291,29 @@ def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
 def batched(cfg: JobConfig) -> bool:
     """Whether the job decodes several prompts per forward (lp.engine.decode_batch)."""
     return cfg.generation.method == "lookahead" and cfg.generation.batch_size > 1
+
+
+def budgeted(cfg: JobConfig) -> bool:
+    """Whether the job's batched rounds cut their trees by the row budget."""
+    return batched(cfg) and cfg.lookahead.row_budget
+
+
+CURVE_PREFIX = 256    # cached tokens the budget's forward-time curve is measured over
+
+
+def measure_curve(cfg: JobConfig, loaded: LoadedModel) -> list[dict]:
+    """Seconds of one batched round's forward on this device by requests and rows per request
+    (lp.measure.cost_model.batch_curve): powers of two up to the batch size and up to the rows a
+    round can feed (at most 64 per request, 512 in all; read off linearly past them)."""
+    b = cfg.generation.batch_size
+    batches = sorted({1 << k for k in range(b.bit_length()) if 1 << k <= b} | {b})
+    most = min(64, round_rows_bound(cfg.lookahead, cfg.lookahead.width))
+    rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
+    t0 = time.perf_counter()
+    curve = batch_curve(loaded.model, CURVE_PREFIX, batches, rows, repeats=2)
+    logger.info("row budget: forward times of %d batch sizes x %d row counts measured in %.1f s",
+                len(batches), len(rows), time.perf_counter() - t0)
+    return curve
 
 
 def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,

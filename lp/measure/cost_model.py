@@ -241,6 +241,82 @@ def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, de
 
 
 @torch.inference_mode()
+def batch_round_forwards(model, prefix: int, batch: int, rows_list: Sequence[int]) -> dict[int, object]:
+    """Closures running one batched round's forward as lp.engine runs it (lp.decode.batch: `batch`
+    requests of `rows` new rows each over `prefix` cached tokens apiece, one cache row per request,
+    attention over the slots in use), read back on the host; one per rows count, over one cache
+    whose prefixes are written once."""
+    from lp.decode.batch import forward_round, pack_round
+    from lp.decode.device import Uploader
+    from lp.decode.kv_cache import attended, round_cache
+    from lp.decode.layout import build_round
+    from lp.decode.request import RoundPlan
+    from lp.decode.tree import EMPTY
+
+    gen = torch.Generator().manual_seed(prefix * 1000 + batch)
+    cache = round_cache(model, prefix + max(rows_list), batch)
+    uploader = Uploader(next(model.parameters()).device)
+
+    def prepared(past: int, k: int, first: int, count: int):
+        plans = []
+        for _ in range(count):
+            rnd = build_round(torch.randint(model.config.vocab_size, (k,), generator=gen).tolist(), past + k - 1, [])
+            plans.append(RoundPlan(rnd, EMPTY, range(0), len(rnd), 0))
+        sections, kept = pack_round(plans, [past] * count, list(range(first, first + count)), k, False)
+        return uploader.send(sections), kept, attended(past + k, cache.length)
+
+    for row in range(batch if prefix else 0):    # each request's prefix, alone into its cache row
+        dev, kept, span = prepared(0, prefix, row, 1)
+        forward_round(model, dev, 1, prefix, kept, 0, row, cache, span=span)
+
+    def closure(rows: int):
+        dev, kept, span = prepared(prefix, rows, 0, batch)
+
+        @torch.inference_mode()
+        def run():
+            logits, _ = forward_round(model, dev, batch, rows, kept, prefix, 0, cache, span=span)
+            logits.argmax(-1).tolist()
+        return run
+    return {rows: closure(rows) for rows in rows_list}
+
+
+def batch_curve(model, prefix: int, batches: Sequence[int], rows_list: Sequence[int], repeats: int,
+                most: int = 512) -> list[dict]:
+    """Median seconds of one batched round's forward (`batch_round_forwards`) for each batch size and
+    rows per request, with at most `most` rows in all: [{"batch", "rows", "seconds"}]."""
+    device = next(model.parameters()).device
+    out = []
+    for b in batches:          # one batch size's cache at a time (a job holds one batch's cache)
+        runs = batch_round_forwards(model, prefix, b, [r for r in rows_list if b * r <= most])
+        times = {r: [] for r in runs}
+        for _ in range(repeats + 1):     # whole passes; the first warms up
+            for r, run in runs.items():
+                sync(device)
+                t = time.perf_counter()
+                run()
+                sync(device)
+                times[r].append(time.perf_counter() - t)
+        out += [{"batch": b, "rows": r, "seconds": statistics.median(ts[1:])} for r, ts in times.items()]
+    return out
+
+
+def batch_forward_time(curve: Sequence[dict], batch: int, rows: float) -> float:
+    """Seconds of a batched forward of `batch` requests of `rows` rows each, read off `batch_curve`'s
+    points: along rows for the measured batch sizes on either side (`forward_time`), then linearly
+    between them (extended past the largest)."""
+    sizes = sorted({p["batch"] for p in curve})
+    at = lambda b: forward_time([p for p in curve if p["batch"] == b], rows)  # noqa: E731
+    lo = max((b for b in sizes if b <= batch), default=sizes[0])
+    hi = min((b for b in sizes if b >= batch), default=sizes[-1])
+    if lo == hi:
+        if batch <= sizes[-1] or len(sizes) == 1:
+            return at(lo)
+        lo, hi = sizes[-2], sizes[-1]
+    t_lo, t_hi = at(lo), at(hi)
+    return max(t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo), 0.0)
+
+
+@torch.inference_mode()
 def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int, device="cpu",
                    repeats: int = 50) -> float:
     """Median seconds of a round's device-side verification (lp.engine's path after the forward:

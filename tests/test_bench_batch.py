@@ -1,0 +1,47 @@
+"""scripts/bench_batch.py on the embedded default job, 2 prompts of 16 tokens: every system in the JSON
+report with its ids-equal count, and lp's batched decoding (without and with drafts, at batch 1 and 2)
+token-identical to transformers generate at batch 1, the reference (greedy, float32)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_batch_on_the_default_job(tmp_path):
+    out = tmp_path / "batch.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_batch.py"), "--config",
+           str(ROOT / "configs" / "humaneval-smollm2.yaml"), "--limit", "2", "--set", "generation.max_new_tokens=16",
+           "--batches", "1,2", "--generate-batches", "1,2", "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["prompts"] == 2 and report["max_new_tokens"] == 16 and report["reference"] == "generate 1"
+    systems = {s["system"]: s for s in report["systems"]}
+    lp = ["lp no drafts 1", "lp no drafts 2", "lp lookahead 1", "lp lookahead 2"]
+    cb = [] if report["transformers_cb_error"] else ["transformers CB 1", "transformers CB 2"]
+    assert list(systems) == ["generate 1", "generate 2", *cb, *lp]
+    if report["transformers_cb_error"]:
+        assert "transformers continuous batching: n/a (" in proc.stdout
+    reference = systems["generate 1"]["ids"]
+    assert list(reference) == report["task_ids"] and all(reference.values())
+    for s in systems.values():
+        assert s["tokens"] > 0 and s["tokens_per_s"] > 0 and s["latency_p50"] > 0
+        assert isinstance(s["ids_equal"], int) and 0 <= s["ids_equal"] <= 2
+        assert s["tokens"] == sum(len(ids) for ids in s["ids"].values() if ids)
+    assert systems["generate 1"]["ids_equal"] == 2
+    for name in lp:                             # exact greedy: lp's ids are generate's, batched or not
+        assert systems[name]["ids"] == reference and systems[name]["ids_equal"] == 2, name
+        assert systems[name]["errors"] == [] and systems[name]["mean_batch"] >= 1
+    for b in (1, 2):
+        assert systems[f"lp no drafts {b}"]["compression"] == 1.0            # one token per request-forward
+        assert systems[f"lp lookahead {b}"]["compression"] >= 1.0
+    assert systems["lp no drafts 1"]["mean_batch"] == 1.0 and systems["lp no drafts 2"]["mean_batch"] > 1.0
+    ratios = report["ratios"]
+    assert ratios["lp_lookahead_best_over_generate_best"] > 0 and ratios["latency_p50_base_batch"] == 1
+    assert set(ratios["lp_lookahead_over_no_drafts"]) == {"1", "2"}
+    assert "best lp lookahead / best transformers generate:" in proc.stdout
+    assert "lp lookahead / lp no drafts, tok/s: B=1" in proc.stdout
