@@ -21,7 +21,7 @@ import torch
 
 from lp.decode.arch import check_model
 from lp.decode.batch import forward_round, pack_round
-from lp.decode.budget import rows_per_request
+from lp.decode.budget import Acceptance, rows_per_request
 from lp.decode.device import Uploader, uniforms
 from lp.decode.kv_cache import COMPILE_MODES, attended, compiled_forward, move_row, publish, round_cache
 from lp.decode.layout import bucket
@@ -194,6 +194,7 @@ class Rounds:
                  compile_mode: str, sampling_on_device: bool | None, kinds, row_cost=None):
         self.model, self.comm, self.kinds, self.row_cost = model, comm, kinds, row_cost
         self.tree_budget = lookahead.tree_budget or None
+        self.acceptance, self.offered = Acceptance(), None      # the row budget's learned chances
         self.width, self.capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
         w, n = lookahead.window, lookahead.ngram
         self.deep_slots = w + n - 2 if w else 0  # widest deepest level a rank can hold (first warmup round)
@@ -253,7 +254,12 @@ class Rounds:
 
         size = len(gathered[0]) // n
         for i, (state, plan) in enumerate(zip(states, plans)):
-            state.commit(decide([row[i * size:(i + 1) * size] for row in gathered], width), plan, comm.world)
+            decision = decide([row[i * size:(i + 1) * size] for row in gathered], width)
+            if self.offered is not None:        # the budget learns which of the offered nodes were accepted
+                self.acceptance.observe(self.offered[i], plan.tree.depths,
+                                        set(plan.tree.path(decision.node)) if decision.hits else set())
+            state.commit(decision, plan, comm.world)
+        self.offered = None
         host = time.perf_counter() - round_start - forward_seconds
         for state in states:
             state.result.host_seconds += host
@@ -269,9 +275,12 @@ class Rounds:
         if self.row_cost is None:
             return [s.proposer.tree() for s in states]
         builders = [s.proposer.candidates() for s in states]
-        _, keep = rows_per_request([s.base_rows() for s in states],
-                                   [b.ranking(self.tree_budget) for b in builders], self.row_cost)
-        return [b.build(k) for b, k in zip(builders, keep)]
+        chances = [[self.acceptance.chance(score, depth) for score, depth in b.ranking(self.tree_budget)]
+                   for b in builders]
+        _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost)
+        built = [b.build_scored(k) for b, k in zip(builders, keep)]
+        self.offered = [scores for _, scores in built]       # observed against the decisions
+        return [tree for tree, _ in built]
 
     def share_trees(self, trees: list[TokenTree] | None, n: int) -> list[TokenTree]:
         """The leader's trees for the round's `n` requests on every rank of the group (one broadcast)."""

@@ -103,7 +103,7 @@ FULL = Plan(
     compiled_models=["llama-7b", "smollm2-135m"],
     prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=None,
     rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
-    estimates={"eager": 45, "job": 45, "job-compiled": 90, "compiled": 90},
+    estimates={"eager": 45, "job": 45, "job-batched": 45, "job-compiled": 90, "compiled": 90},
 )
 # tiny shapes and few tokens: the CPU smoke run of the tests. The float32 model is the one whose
 # ids can be asserted (lower precision legitimately flips near-tied argmaxes between the packed
@@ -118,9 +118,9 @@ SMALL = Plan(
     rows=[1, 2, 4, 8, 16], prefix=32, repeats=2,
     compiled_lookahead=dict(window=0, ngram=3, guesses=1, pool_seeding=True, lookup_candidates=1,
                             lookup_tokens=2, lookup_ngram=2),
-    estimates={"eager": 5, "job": 15, "job-compiled": 20, "compiled": 30}, tiny=True,
+    estimates={"eager": 5, "job": 15, "job-batched": 15, "job-compiled": 20, "compiled": 30}, tiny=True,
 )
-STAGE_KINDS = ("eager", "job", "job-compiled", "compiled")
+STAGE_KINDS = ("eager", "job", "job-batched", "job-compiled", "compiled")
 HARD_STOP_S = 40   # past the budget by this much the whole check ends (420 + 40 s: inside 8 minutes)
 GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_candidates=0)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
@@ -569,15 +569,16 @@ def tail(path: Path, lines: int = 15) -> list[str]:
 
 
 def job_config(model_dir: Path, dtype: str, device: str, compile_mode: str, backend: str, lookahead: dict,
-               plan: Plan, prompts: Path, out_dir: Path, limit: int | None) -> dict:
+               plan: Plan, prompts: Path, out_dir: Path, limit: int | None, batch_size: int = 1) -> dict:
     return {
         "model": {"name": str(model_dir), "dtype": dtype, "device": device, "compile": compile_mode},
         "lookahead": lookahead,
-        "generation": {"method": "lookahead", "max_new_tokens": plan.new_tokens, "stop": []},
+        "generation": {"method": "lookahead", "max_new_tokens": plan.new_tokens, "stop": [],
+                       "batch_size": batch_size},
         "data": {"source": "jsonl", "path": str(prompts), "offset": 0, "limit": limit},
         "output": {"dir": str(out_dir)},
         "distributed": {"backend": backend, "timeout_s": 120},
-        "baseline": {"enabled": True},
+        "baseline": {"enabled": batch_size == 1},    # the in-run baseline times one prompt at a time
     }
 
 
@@ -604,13 +605,16 @@ def run_job(name: str, config: dict, work: Path, timeout: float, reference: list
                          + (": " + fig["log_tail"][-1] if fig["log_tail"] else ""), figures=fig)
     summary = json.loads(summary_path.read_text())
     summary.pop("config", None)   # the job's config is fig["config"]
-    records = _records(out_dir)
+    records = sorted(_records(out_dir), key=lambda r: r["line"])   # task order (a batched job writes as requests end)
     fig["summary"] = summary
     later = [r for r in records[1:] if r["finish_reason"] != "error"]   # the first prompt holds any compilation
     if later:
         fig["tokens_per_second_after_first"] = _rate(later, "new_tokens", "decode_seconds")
-        fig["baseline_tokens_per_second_after_first"] = _rate(later, "baseline_new_tokens", "baseline_decode_seconds")
-    fig["ids_equal_baseline"] = f"{sum(r.get('baseline_ids_equal', False) for r in records)}/{len(records)}"
+        if config["baseline"]["enabled"]:
+            fig["baseline_tokens_per_second_after_first"] = _rate(later, "baseline_new_tokens",
+                                                                  "baseline_decode_seconds")
+    fig["ids_equal_baseline"] = (f"{sum(r.get('baseline_ids_equal', False) for r in records)}/{len(records)}"
+                                 if config["baseline"]["enabled"] else None)
     if reference:   # the in-process eager lookahead's ids of the same first prompts
         pairs = list(zip([r["token_ids"] for r in records], reference))
         fig["ids_equal_inprocess_lookahead"] = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
@@ -860,15 +864,19 @@ def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahe
         shutdown()
         free(cuda)
 
-    def job(name, compiled):
+    def job(name, compiled, batched=False):
         def run(left):
             _, dtype = plan.models[name]
-            stage = f"job-compiled-{name}" if compiled else f"job-{name}"
+            stage = f"job-compiled-{name}" if compiled else f"job-batched-{name}" if batched else f"job-{name}"
             config = job_config(work / name, dtype, dev, compile_mode if compiled else "off", backend,
                                 compiled_lookahead if compiled else gpu_lookahead, plan, prompts_path,
-                                work / "runs" / stage, plan.compiled_job_prompts if compiled else None)
+                                work / "runs" / stage, plan.compiled_job_prompts if compiled else None,
+                                batch_size=plan.prompts if batched else 1)   # batched: every prompt at once
             ref = inprocess.get(name, {}).get("systems", {}).get("lookahead eager", {}).get("token_ids")
             fig = run_job(stage, config, work, left, None if compiled else ref)
+            if batched:     # the batch-1 job's ids of the same prompts (exact at batch 1 and in batches alike)
+                one = check.report["stages"].get(f"job/{name}", {}).get("token_ids")
+                fig["ids_equal_batch_one_job"] = equal_count(fig["token_ids"], one)
             gen = inprocess.get(name, {}).get("systems", {}).get("generate eager", {}).get("token_ids")
             fig["ids_equal_inprocess_generate"] = equal_count(fig["token_ids"], gen)
             return fig
@@ -876,6 +884,9 @@ def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahe
 
     for name in plan.models if "job" in kinds else ():
         check.stage(f"job/{name}", plan.estimates["job"], job(name, False), needs=["setup"])
+    for name in plan.models if "job-batched" in kinds else ():
+        check.stage(f"job-batched/{name}", plan.estimates["job-batched"], job(name, False, batched=True),
+                    needs=["setup"])
 
     def compiled(name):
         def run(left):
@@ -957,7 +968,7 @@ def render(report: dict) -> str:
                          f"{_f(f.get('forward_device_ms', f.get('device_ms_per_forward'))):>9}"
                          f"{_f(f.get('forward_launch_ms')):>8}{_f(f.get('host_syncs_per_' + per)):>7}"
                          f"{f.get('ids_equal_generate') or '-':>6}")
-        for stage in (f"job/{name}", f"job-compiled/{name}"):
+        for stage in (f"job/{name}", f"job-batched/{name}", f"job-compiled/{name}"):
             s = stages.get(stage)
             if s and s.get("status") == "ok":
                 m, after = s["summary"], "after the first prompt"
@@ -965,7 +976,10 @@ def render(report: dict) -> str:
                     f"  {stage.split('/')[0]} (torchrun, world {m['world_size']}, {m['backend']}, compile "
                     f"{s['config']['model']['compile']}): {m['prompts']} prompts, "
                     f"{_f(m['tokens_per_second'], '.1f')} tok/s ({_f(s.get('tokens_per_second_after_first'), '.1f')} "
-                    f"{after}), S {_f(m['compression'])}, ids = baseline {s['ids_equal_baseline']}")
+                    f"{after}), S {_f(m['compression'])}, ids = baseline {s['ids_equal_baseline'] or '-'}; job "
+                    f"{_f(m.get('job_tokens_per_second'), '.1f')} tok/s over wall, {_f(m.get('mean_batch'))} requests "
+                    f"and {_f(m.get('rows_per_forward'), '.1f')} rows per forward"
+                    + (f", ids = batch-1 job {s['ids_equal_batch_one_job']}" if "ids_equal_batch_one_job" in s else ""))
                 lines.append(
                     f"  {'':<4}generate baseline {_f(m.get('baseline_tokens_per_second'), '.1f')} tok/s "
                     f"({_f(s.get('baseline_tokens_per_second_after_first'), '.1f')}), speedup {_f(m.get('speedup'))}x; "

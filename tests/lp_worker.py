@@ -2,7 +2,8 @@
 real process group (on its "model", or on the "models" its cases name: lp.tiny families too) and writes what it saw to <out>/rank<r>.json: per case the
 tokens, the collectives it issued, the rows it fed per round and, per round,
 the shard plan the engine followed (recorded by wrapping lp.engine's
-shard_plan, so a test can hold the rows fed to the plan).
+shard_plan, so a test can hold the rows fed to the plan). A case with "batch" and "prompts" decodes
+its prompts through decode_batch instead and records each request's tokens and per-round counts.
 
     torchrun --nproc 3 tests/lp_worker.py SPEC.json OUT_DIR
 """

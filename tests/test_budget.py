@@ -41,3 +41,13 @@ def test_the_chosen_rows_are_the_best_by_the_estimate():
         assert abs(rate(bases, scores, cost, q) - best) <= 1e-9 * best
         assert rate(bases, scores, cost, q) >= rate(bases, scores, cost, max(bases))    # never below no drafts
         assert keep == [min(len(s), q - b) for b, s in zip(bases, scores)]
+
+
+def test_acceptance_starts_from_the_score_and_learns_the_job():
+    from lp.decode.budget import PRIOR_SCALE, Acceptance
+    table = Acceptance()
+    assert table.chance(1.0, 1) == PRIOR_SCALE and table.chance(0.4, 3) == 0.4 * PRIOR_SCALE
+    for _ in range(50):     # a chain of three score-1.0 nodes of which only the first is ever accepted
+        table.observe([1.0, 1.0, 1.0], [1, 2, 3], {0})
+    assert table.chance(1.0, 1) > 0.9 and table.chance(1.0, 2) < 0.05 and table.chance(1.0, 3) < 0.05
+    assert table.chance(0.4, 3) == 0.4 * PRIOR_SCALE      # other cells keep their prior

@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["setup", "eager/tiny-llama", "eager/tiny-smol", "job/tiny-llama", "job/tiny-smol",
-          "job-compiled/tiny-smol", "compiled/tiny-smol"]
+          "job-batched/tiny-llama", "job-batched/tiny-smol", "job-compiled/tiny-smol", "compiled/tiny-smol"]
 
 
 def _module():
@@ -86,6 +86,17 @@ def test_torchrun_jobs(report):
     assert smol["ids_equal_inprocess_lookahead"] == smol["ids_equal_inprocess_generate"] == "2/2"
     assert compiled["summary"]["baseline_ids_equal_fraction"] == 1.0
     assert compiled["token_ids"][0] == report["stages"]["eager/tiny-smol"]["systems"]["generate eager"]["token_ids"][0]
+
+
+def test_batched_job_stage(report):
+    """Every prompt in one batch through the job path: the batch-1 job's ids in float32, rounds packed."""
+    w = report["workload"]
+    for model in report["models"]:
+        job = report["stages"][f"job-batched/{model}"]
+        s = job["summary"]
+        assert job["config"]["generation"]["batch_size"] == w["prompts"] and not job["config"]["baseline"]["enabled"]
+        assert s["prompts"] == w["prompts"] and s["errors"] == 0 and s["mean_batch"] > 1
+    assert report["stages"]["job-batched/tiny-smol"]["ids_equal_batch_one_job"] == f"{w['prompts']}/{w['prompts']}"
 
 
 def test_compiled_stage(report):

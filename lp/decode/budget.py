@@ -3,10 +3,14 @@
 Every request of a round feeds its base rows (the ordinary rows, its Jacobi window) and some of its
 tree. In a batched round all requests are padded to the same Q rows, so the forward costs
 `cost(n, Q)` (`cost`: seconds of one forward of n requests of Q rows each, read off the device's
-measured forward-time grid, lp.measure.cost_model.batch_forward_time). A request that feeds k nodes of its tree
-expects 1 + (the sum of its k best node scores) tokens: a node's score is its proposer's estimate of
-the chance that the node is accepted, and the expected accepted depth of a tree is the sum of its
-nodes' chances. `rows_per_request` picks the Q that maximises the expected tokens per second of the
+measured forward-time grid, lp.measure.cost_model.batch_forward_time). A request that feeds k nodes
+of its tree expects 1 + (the sum of its k best nodes' chances of acceptance) tokens: the expected
+accepted depth of a tree is the sum of its nodes' chances. A proposer's score is not that chance (a
+suffix draft from one earlier occurrence scores 1.0 at every depth; on the embedded job the nodes
+offered were accepted about six times less often than their scores said), so `Acceptance` learns it
+as the job goes: the share of the nodes offered in each (score decile, depth) cell that were
+accepted, from a prior of score / 4 worth a few observations. It is a function of the trees and the
+tokens only, never of timings. `rows_per_request` picks the Q that maximises the expected tokens per second of the
 round over every Q from the largest base to the largest full round, the smallest Q among equals, so
 adding rows is only done when the drafts' expected gain pays for them; Q = the largest base (no tree
 anywhere but what fits beside the widest base) is always a candidate, so by the estimate a round
@@ -15,14 +19,42 @@ keeps its whole tree.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from itertools import accumulate
 from typing import Callable, Sequence
+
+PRIOR_SCALE = 0.25      # a node's chance before any observation: its score times this
+PRIOR_WEIGHT = 4.0      # ...worth this many observations
+DEPTHS = 16             # cells by depth 1..16 (deeper nodes share the last)
+
+
+class Acceptance:
+    """The observed chance that a tree node is accepted, by (score decile, depth)."""
+
+    def __init__(self):
+        self.offered: dict[tuple[int, int], int] = defaultdict(int)
+        self.accepted: dict[tuple[int, int], int] = defaultdict(int)
+
+    @staticmethod
+    def cell(score: float, depth: int) -> tuple[int, int]:
+        return min(int(score * 10), 10), min(depth, DEPTHS)
+
+    def chance(self, score: float, depth: int) -> float:
+        k = self.cell(score, depth)
+        return (self.accepted[k] + PRIOR_WEIGHT * PRIOR_SCALE * score) / (self.offered[k] + PRIOR_WEIGHT)
+
+    def observe(self, scores: Sequence[float], depths: Sequence[int], accepted: set[int]) -> None:
+        """A round's tree (each node's score and depth, in tree order) and the nodes it accepted."""
+        for u, (score, depth) in enumerate(zip(scores, depths)):
+            k = self.cell(score, depth)
+            self.offered[k] += 1
+            self.accepted[k] += u in accepted
 
 
 def rows_per_request(bases: Sequence[int], scores: Sequence[Sequence[float]],
                      cost: Callable[[int, int], float]) -> tuple[int, list[int]]:
-    """(Q, nodes each request keeps) for requests with `bases` base rows and tree nodes scored
-    `scores` (each request's scores best first, as its tree keeps them)."""
+    """(Q, nodes each request keeps) for requests with `bases` base rows and tree nodes whose chances
+    of acceptance are `scores` (each request's in the order its tree keeps them, best first)."""
     n = len(bases)
     gains = [list(accumulate(s, initial=0.0)) for s in scores]    # gains[b][k]: its k best nodes
     low = max(bases)

@@ -123,13 +123,17 @@ class TreeBuilder:
             depth[i] = 1 if p < 0 else depth[p] + 1
         return sorted(range(n), key=lambda i: (-self._scores[i], depth[i], i)), depth
 
-    def ranking(self, budget: int | None = None) -> list[float]:
-        """The scores of the nodes `build(budget)` keeps, best first: `build(k)` keeps the first k
+    def ranking(self, budget: int | None = None) -> list[tuple[float, int]]:
+        """(score, depth) of the nodes `build(budget)` keeps, best first: `build(k)` keeps the first k
         (a child never ranks before its parent)."""
-        keep, _ = self._ranked()
-        return [self._scores[i] for i in (keep if budget is None else keep[:max(budget, 0)])]
+        keep, depth = self._ranked()
+        return [(self._scores[i], depth[i]) for i in (keep if budget is None else keep[:max(budget, 0)])]
 
     def build(self, budget: int | None = None) -> TokenTree:
+        return self.build_scored(budget)[0]
+
+    def build_scored(self, budget: int | None = None) -> tuple[TokenTree, tuple[float, ...]]:
+        """The tree of the best `budget` nodes and each node's score, in the tree's order."""
         keep, depth = self._ranked()
         if budget is not None:
             keep = keep[:max(budget, 0)]
@@ -149,7 +153,7 @@ class TreeBuilder:
         index = {old: new for new, old in enumerate(order)}
         return TokenTree(tuple(self._tokens[i] for i in order),
                          tuple(index.get(self._parents[i], -1) for i in order),
-                         tuple(depth[i] for i in order))
+                         tuple(depth[i] for i in order)), tuple(self._scores[i] for i in order)
 
     def _ancestors(self, node: int):
         node = self._parents[node]
