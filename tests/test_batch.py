@@ -18,6 +18,7 @@ from lp.decode.tree import EMPTY, tree_of
 from lp.engine import BatchStats, GenerationParams, LookaheadParams, decode_batch
 from lp.jobs.config import JOB_LOOKAHEAD
 from lp.tiny import tiny_random
+from test_architectures import models  # noqa: F401  (the float64 tiny models of lp.tiny, by family)
 from test_lp import torchrun
 from test_sampling import NEW as SAMPLED_NEW, PROMPT as SAMPLED_PROMPT, chi_square_p, exact_joint, model8  # noqa: F401
 
@@ -29,17 +30,6 @@ CONFIGS = {
     "window+lookup+tree": LookaheadParams(window=4, ngram=4, guesses=4, lookup_candidates=2, lookup_tokens=6,
                                           suffix_factor=6, suffix_tokens=24),
 }
-
-
-@pytest.fixture(scope="module")
-def models():
-    cache = {}
-
-    def get(family):
-        if family not in cache:
-            cache[family] = tiny_random(family, dtype=torch.float64, experts_implementation="eager")
-        return cache[family]
-    return get
 
 
 def generate(model, prompt, new=NEW, eos=None):

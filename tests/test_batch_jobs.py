@@ -7,12 +7,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from multiproc import prompt_lines, start_ranks, write_job
+from multiproc import prompt_lines, write_job
 
 from lp.run import main
+from test_lp_jobs import TIMEOUT_S, launch
 from test_resume import kill_after, lines_of
 
-TIMEOUT_S = 180
 TEXTS = [("a", "abcabcxyz"), ("b", "qrsqrs"), ("c", "abcabcxyz abc"), ("d", "mnomno" * 6), ("e", "zz"),
          ("f", "hello hello hello"), ("g", "xyzxyzab" * 3), ("h", "q")]
 
@@ -90,14 +90,8 @@ def test_batched_job_under_torchrun(tmp_path, batch_one, world, lp_size):
     one, _, _ = batch_one
     config = job(tmp_path, generation={"max_new_tokens": 20, "batch_size": 3},
                  distributed={"backend": "gloo", "timeout_s": TIMEOUT_S, "lp_size": lp_size})
-    procs = start_ranks(config, world=world)
-    try:
-        outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0] * world, outs
+    codes, outs = launch(config, world=world)
+    assert codes == [0] * world, outs
     got = {}
     for path in sorted((tmp_path / "out").glob("results*.jsonl")):
         got.update(by_task(json.loads(line) for line in path.read_text().splitlines()))
