@@ -1,15 +1,17 @@
-"""Lookahead decoding: the whole decode loop in one function.
+"""Lookahead decoding: the decode loop (`decode_batch`: requests join, one round, requests leave;
+`lookahead_generate` is its batch of one) and one round's work (`Rounds.run`).
 
-Each round is ONE forward over: the ordinary rows (committed tokens not yet in
-the cache; the whole prompt in the first round, so prefill is a round too),
-the Jacobi window, and the round's token tree: every candidate source (pool
-suffixes, lookup spans, suffix drafts from this request and the job's earlier
-completions; lp/decode/propose.py) merged into one trie rooted after the last
-committed token. The round commits z* plus the tokens along the deepest
-accepted tree path plus the target's next prediction, moves the window one
-column, harvests n-grams into the pool and publishes the accepted rows' K/V
-(one worker) or re-feeds the emitted tokens (LP). Greedy output is identical
-to plain greedy decoding.
+Each round is ONE forward (for every request of the batch, lp/decode/batch.py)
+over: the ordinary rows (committed tokens not yet in the cache; the whole
+prompt in the first round, so prefill is a round too), the Jacobi window, and
+the round's token tree: every candidate source (pool suffixes, lookup spans,
+suffix drafts from this request and the job's earlier completions;
+lp/decode/propose.py) merged into one trie rooted after the last committed
+token. The round commits z* plus the tokens along the deepest accepted tree
+path plus the target's next prediction, moves the window one column,
+harvests n-grams into the pool and publishes the accepted rows' K/V (one
+worker) or re-feeds the emitted tokens (LP). Greedy output is identical to
+plain greedy decoding.
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ def decode_batch(
     sampling_on_device: bool | None = None,
     streamer=None,
     stats: BatchStats | None = None,
-    row_cost: Callable[[int], float] | None = None,
+    row_cost: Callable[[int, int], float] | None = None,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each; `request` names it in the sampling draws)
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
@@ -118,8 +120,9 @@ def decode_batch(
     first prompt's). With a multi-worker `comm` every rank calls this with the same prompts in the
     same order (the iterator is only advanced when a slot is free, at the same round on every
     rank); a request's greedy tokens never depend on what shares its forwards. `row_cost` (seconds of
-    one forward of r rows: the device's measured curve) turns on the row budget (lp/decode/budget.py):
-    each round the leader cuts every request's tree to the rows that pay for themselves."""
+    one forward of n requests of q rows each: the device's measured grid,
+    lp.measure.cost_model.batch_forward_time) turns on the row budget (lp/decode/budget.py): each
+    round the leader cuts every request's tree to the rows that pay for themselves."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -131,7 +134,6 @@ def decode_batch(
     pending = iter(prompts)
     rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost)
     active: list[RequestState] = []
-    collectives, bytes_moved = comm.collectives, comm.bytes_moved
 
     def start(key, ids, request) -> RequestState | ValueError:
         nonlocal prompt_tokens
@@ -155,9 +157,7 @@ def decode_batch(
         """The requests that ended leave; the others move down to the lowest cache rows."""
         nonlocal active
         for state in [s for s in active if s.done]:
-            result = state.finish()
-            result.collectives, result.bytes_moved = comm.collectives - collectives, comm.bytes_moved - bytes_moved
-            yield state.key, result
+            yield state.key, state.finish()
         active = [s for s in active if not s.done]
         for row, state in enumerate(active):
             if state.row != row:
@@ -191,7 +191,8 @@ class Rounds:
     commit."""
 
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
-                 compile_mode: str, sampling_on_device: bool | None, kinds, row_cost=None):
+                 compile_mode: str, sampling_on_device: bool | None, kinds,
+                 row_cost: Callable[[int, int], float] | None = None):
         self.model, self.comm, self.kinds, self.row_cost = model, comm, kinds, row_cost
         self.tree_budget = lookahead.tree_budget or None
         self.acceptance, self.offered = Acceptance(), None      # the row budget's learned chances
@@ -209,7 +210,7 @@ class Rounds:
 
     def run(self, states: list[RequestState], stats: BatchStats) -> None:
         comm, cache, n, width = self.comm, self.cache, len(states), self.width
-        round_start = time.perf_counter()
+        round_start, collectives, bytes_moved = time.perf_counter(), comm.collectives, comm.bytes_moved
         trees = self.share_trees(self.propose(states) if comm.rank == 0 else None, n)
         plans = []
         for state, tree in zip(states, trees):
@@ -263,6 +264,8 @@ class Rounds:
         host = time.perf_counter() - round_start - forward_seconds
         for state in states:
             state.result.host_seconds += host
+            state.result.collectives += comm.collectives - collectives     # the round's, for each request in it
+            state.result.bytes_moved += comm.bytes_moved - bytes_moved
             state.result.batch_per_round.append(n)
             state.result.fed_rows_per_round.append(q)
         stats.rounds += 1

@@ -100,6 +100,8 @@ def test_batched_job_under_torchrun(tmp_path, batch_one, world, lp_size):
         assert got[task]["token_ids"] == r["token_ids"], task
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["world_size"] == world and summary["mean_batch"] > 1
+    if lp_size is None:     # one broadcast and one all-gather per batched round, counted once per request in it
+        assert summary["collectives_per_round"] == 2
 
 
 @pytest.mark.parametrize("sets,message", [
