@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from lp.decode.arch import check_model
-from lp.decode.batch import forward_round, pack_round
+from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, rows_per_request
 from lp.decode.device import Uploader, uniforms
 from lp.decode.kv_cache import COMPILE_MODES, attended, compiled_forward, move_row, publish, round_cache
@@ -34,7 +34,7 @@ from lp.decode.sampling import (Draws, children_lists, distribution, tree_sampli
                                 warpers)
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import TokenTree
-from lp.decode.verify import decide, pack_payload, path_verdict, tree_verdict
+from lp.decode.verify import decide, node_mismatch, pack_payloads, path_verdicts
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
 
@@ -216,9 +216,8 @@ class Rounds:
         for state, tree in zip(states, trees):
             mine = shard_plan(comm.world, state.columns, len(state.levels), tree.units(), len(state.ordinary))
             plans.append(state.plan(tree, mine[comm.rank].columns, mine[comm.rank].subtrees))
-        q = self.fit(max(len(p.rnd) for p in plans))
-        sections, k = pack_round(plans, [s.cached for s in states], [s.row for s in states], q,
-                                 self.compiled is not None)
+        sections, shape = pack_round(plans, [s.cached for s in states], [s.row for s in states], width, self.fit,
+                                     self.compiled is not None)
         if self.warp is not None and self.on_device:
             for i, (state, plan) in enumerate(zip(states, plans)):
                 tables = sampling_tables(plan.tree, plan.nodes, state.draws, state.result.forwards)
@@ -226,31 +225,24 @@ class Rounds:
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
-        rows = {name: dev[name].view(n, q) for name in ("ids", "role", "off", "parent")}
-        span = attended(max(s.cached for s in states) + q, cache.length, self.compiled is not None)
-        logits, visible = forward_round(self.model, dev, n, q, k, states[0].cached, states[0].row, cache,
-                                        self.kinds, self.compiled, span)   # one request's rows, or contiguous ones
-        predicted = logits.argmax(-1)            # the window stays greedy whatever the sampling
-        payloads, sources, targets = [], [], []
-        for i, (state, plan) in enumerate(zip(states, plans)):
-            kept = len(plan.rnd.logit_rows)
-            lo = 0 if n == 1 else k - kept        # one request: its logit rows first; several: the last K_b
-            mine = {f: v[i] for f, v in rows.items()}
-            head, after, path = self.verdict(i, state, plan, dev, mine, visible[i], logits[i, lo:lo + kept],
-                                             predicted[i, lo:lo + kept])
-            payloads.append(pack_payload(head, after, predicted[i, lo + 1:lo + 1 + plan.deep],
-                                         self.deep_slots, len(plan.rnd)))
-            if comm.world == 1:      # the accepted path's K/V to the frontier, on the device
-                step = torch.arange(width, device=self.device)
-                dst = state.cached + len(state.ordinary) + step
-                sources.append(torch.where(step < head[1], state.cached + plan.first_row + path, dst))
-                targets.append(dst)
-        if comm.world == 1 and any(p.nodes for p in plans):
-            if cache.batch == 1:
-                publish(cache, sources[0], targets[0])
-            else:
-                publish(cache, torch.stack(sources), torch.stack(targets), dev["rows"])
-        gathered = comm.all_gather(torch.cat(payloads)).tolist()   # the round's one read
+        span = attended(max(s.cached for s in states) + shape.q, cache.length, self.compiled is not None)
+        logits, seen = forward_round(self.model, dev, n, shape, states[0].row, cache, self.kinds, self.compiled, span)
+        frame = logits[:, shape.k - shape.frame:]        # [n, D + 1 + N, V]: deep frame, z*'s row, node frame
+        predicted = frame.argmax(-1)                     # the window stays greedy whatever the sampling
+        v = {name: dev[name].view(n, -1) for name in ("tok", "par", "depth", "step", "nslot", "dst", "meta", "rows")}
+        nodes = shape.nodes
+        if nodes or self.warp is not None:
+            ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
+            first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame, predicted, ancestors)
+        else:        # greedy, no tree on this rank: z* alone
+            first, off_path, emitted = predicted[:, shape.deep], v["tok"] < 0, v["tok"]
+        hits, node, after, slot = path_verdicts(first, off_path, emitted, v["depth"], v["step"], v["meta"][:, 0],
+                                                width)
+        payload = pack_payloads(first, hits, node, v["meta"][:, 1:], after, predicted[:, :shape.deep],
+                                self.deep_slots)
+        if comm.world == 1 and nodes:      # the accepted paths' K/V to their frontiers, on the device
+            publish(cache, v["dst"].scatter(1, slot, v["nslot"])[:, :width], v["dst"][:, :width], v["rows"])
+        gathered = comm.all_gather(payload.flatten()).tolist()   # the round's one read
         forward_seconds = time.perf_counter() - forward_start
 
         size = len(gathered[0]) // n
@@ -267,10 +259,10 @@ class Rounds:
             state.result.collectives += comm.collectives - collectives     # the round's, for each request in it
             state.result.bytes_moved += comm.bytes_moved - bytes_moved
             state.result.batch_per_round.append(n)
-            state.result.fed_rows_per_round.append(q)
+            state.result.fed_rows_per_round.append(shape.q)
         stats.rounds += 1
         stats.occupancy += n
-        stats.rows += n * q
+        stats.rows += n * shape.q
 
     def propose(self, states: list[RequestState]) -> list[TokenTree]:
         """The leader's trees for the round: each request's candidates, cut by the row budget when
@@ -292,42 +284,43 @@ class Rounds:
         return trees if trees is not None else [TokenTree.from_parents(shared[2 * i], shared[2 * i + 1])
                                                 for i in range(n)]
 
-    def verdict(self, i: int, state: RequestState, plan: RoundPlan, dev: dict[str, torch.Tensor],
-                rows: dict[str, torch.Tensor], visible: torch.Tensor, logits: torch.Tensor,
-                predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Request `i`'s verdict on this rank's nodes, on the device: head [z*, hits, deepest accepted
-        node], the tokens emitted after z* and the accepted path's local nodes (each padded to width)."""
-        nodes, deep, width = plan.nodes, plan.deep, self.width
-        node_tensors = _node_tensors(rows, visible, plan.first_row, len(nodes))
+    def verdict(self, states: list[RequestState], plans: list[RoundPlan], shape: Packed,
+                dev: dict[str, torch.Tensor], v: dict[str, torch.Tensor], frame: torch.Tensor,
+                predicted: torch.Tensor, ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every request's verdict on this rank's nodes, on the device: (the first token [n], which
+        node-frame entries are off the accepted path [n, N], what each node emits after itself
+        [n, N]). Greedy: z* and the argmax path, for the whole batch at once; sampling: each
+        request's walk (on the device, or on the host reading rows lazily)."""
+        d = shape.deep
         if self.warp is None:
-            return tree_verdict(predicted[0], *node_tensors, predicted[1 + deep:], first_node=nodes.start, width=width)
-        if self.on_device:
-            _, parents, depths, anc = node_tensors
-            token, accepted, emitted = tree_sampling_verdict(
-                distribution(torch.cat([logits[:1], logits[1 + deep:]]), self.warp),
-                dev[f"child_tokens{i}"].view(1 + len(nodes), -1), dev[f"child_local{i}"].view(1 + len(nodes), -1),
-                dev[f"child_count{i}"], depths, parents, anc,
-                uniforms(dev[f"draws{i}"]).view(plan.tree.max_depth + 1, -1))
-            return path_verdict(token, accepted, depths, emitted, nodes.start, width)
-        sampled = verify_tree_sampling(
-            distribution(logits[0], self.warp), plan.tree,
-            lambda u: distribution(logits[1 + deep + u - nodes.start], self.warp),
-            state.draws, state.result.forwards, owned=lambda u: u in nodes)
-        walked = [u - nodes.start for u in plan.tree.path(sampled.node)] if sampled.hits else []
-        verdict = torch.tensor([sampled.emitted[0], sampled.hits, sampled.node,      # on the rows' device:
-                                *(sampled.emitted[1:] + [0] * width)[:width],      # the payload joins it
-                                *(walked + [0] * width)[:width]], device=self.device)  # with device tensors
-        return verdict[:3], verdict[3:3 + width], verdict[3 + width:]
-
-
-def _node_tensors(dev: dict[str, torch.Tensor], block: torch.Tensor, first_row: int, count: int):
-    """This rank's tree nodes from the uploaded rows: tokens, parents (local indices, -1: the
-    root), depths and the ancestor-or-self matrix (read off the round's visibility `block`: a
-    node sees exactly its ancestors and itself among the nodes), all on the device."""
-    rows = slice(first_row, first_row + count)
-    parent = dev["parent"][rows]
-    parents = torch.where(parent >= 0, parent - first_row, -1)
-    return dev["ids"][rows], parents, dev["off"][rows] + 1, block[rows, rows]
+            return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
+        firsts, off, emits = [], [], []
+        for i, (state, plan) in enumerate(zip(states, plans)):
+            count, nodes = len(plan.nodes), plan.nodes
+            rows = frame[i, d:d + 1 + count]             # z*'s row, then the request's nodes
+            if self.on_device:
+                token, accepted, emitted = tree_sampling_verdict(
+                    distribution(rows, self.warp), dev[f"child_tokens{i}"].view(1 + count, -1),
+                    dev[f"child_local{i}"].view(1 + count, -1), dev[f"child_count{i}"], v["depth"][i, :count],
+                    v["par"][i, :count] - 1, ancestors[i, :count, :count],
+                    uniforms(dev[f"draws{i}"]).view(plan.tree.max_depth + 1, -1))
+                off_path = ~accepted
+            else:
+                sampled = verify_tree_sampling(distribution(rows[0], self.warp), plan.tree,
+                                               lambda u: distribution(rows[1 + u - nodes.start], self.warp),
+                                               state.draws, state.result.forwards, owned=lambda u: u in nodes)
+                path = plan.tree.path(sampled.node) if sampled.hits else []
+                on, out = [True] * count, [0] * count
+                for depth, u in enumerate(path, 1):
+                    on[u - nodes.start], out[u - nodes.start] = False, sampled.emitted[depth]
+                token, off_path, emitted = (torch.tensor(x, dtype=t, device=self.device)  # on the rows' device:
+                                            for x, t in ((sampled.emitted[0], torch.long), (on, torch.bool),
+                                                         (out, torch.long)))       # the payload joins them
+            pad = shape.nodes - count
+            firsts.append(token)
+            off.append(torch.nn.functional.pad(off_path, (0, pad), value=True))
+            emits.append(torch.nn.functional.pad(emitted, (0, pad)))
+        return torch.stack(firsts), torch.stack(off), torch.stack(emits)
 
 
 def sampling_tables(tree: TokenTree, nodes: range, draws: Draws, round_: int) -> dict[str, list[int]]:

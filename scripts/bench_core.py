@@ -6,8 +6,11 @@ For each prompt, plain decoding (`model.generate`), transformers' prompt lookup
 (interleaved, so load changes hit all of them alike). Prints, per system: summed
 tokens, summed forwards (prefill counted), S = tokens / forwards, the number of
 prompts whose ids equal plain decoding, decode tokens/s and its ratio to plain
-decoding, rows per round and host ms per round (everything but the model forward;
-it includes the pool and the lookup index).
+decoding, rows per round, host ms per round (everything but the model forward;
+it includes the pool and the lookup index) and ops per round (the most launching
+aten ops one round dispatches outside the model forward, lp.measure.round_ops,
+counted in an untimed extra decode of the first prompt: on a GPU each is a
+kernel launch).
 
 Every system runs on one model with `--cpu-linear` kernels (default onednn: the
 weights pre-packed for oneDNN's matmul, lp.models.use_onednn_linears), so the
@@ -58,6 +61,7 @@ from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
 from lp.jobs.config import DataSection
 from lp.jobs.data import DataError, load_prompts
+from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
 from lp.models import load_model
 
@@ -227,6 +231,11 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                 sum(r.rows_per_round[1:]), r.host_seconds)
             line.append(f"({name}) S={r.compression:.2f}{'' if r.token_ids == ref.ids else ' DIFF'}")
         click.echo(f"[{i + 1}/{len(prompts)}] " + " | ".join(line), err=True)
+    for name, v, mode in runs:        # untimed: the count's dispatch mode slows every op down
+        with RoundOps().counting() as ops:
+            lookahead_generate(model, prompts[0]["ids"], v, gen, eos_token_ids=eos, request=prompts[0]["task_id"],
+                               corpus=corpora[name], compile_mode=mode)
+        stats[name]["ops"] = max(ops.rounds)
 
     plain = stats[systems[0]]
     plain_tps = plain["tokens"] / plain["seconds"]
@@ -238,7 +247,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                + ("; 'same' compares ids with plain sampling, which draws differently" if gen.sampling else "")
                + "\n")
     click.echo(f"{'system':>40} {'tokens':>7} {'forwards':>8} {'S':>6} {'same':>6} "
-               f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8}")
+               f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8} {'ops/rnd':>7}")
     report = {"model": model_name, "dtype": dtype, "cpu_linear": kernels, "data": data, "chat": chat,
               "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
@@ -250,7 +259,8 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                    compression=st["tokens"] / st["forwards"], same_as_plain=st["same"], tokens_per_s=tps,
                    speedup=tps / plain_tps, rows_per_round=st["rows"] / st["forwards"],
                    rows_per_decode_round=st["decode_rows"] / decode_rounds if decode_rounds else None,
-                   host_ms_per_round=None if st["host"] is None else 1000 * st["host"] / st["forwards"])
+                   host_ms_per_round=None if st["host"] is None else 1000 * st["host"] / st["forwards"],
+                   ops_per_round=st.get("ops"))
         report["systems"].append(row)
         echo_row(row, len(prompts))
     if peers:
@@ -262,7 +272,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                    tokens=sim.tokens, forwards=sim.forwards, compression=sim.tokens / sim.forwards,
                    same_as_plain=len(prompts), tokens_per_s=None, speedup=None, rows_per_round=None,
                    rows_per_decode_round=sim.decode_rows / sim.decode_rounds if sim.decode_rounds else None,
-                   host_ms_per_round=None, simulated=True)
+                   host_ms_per_round=None, ops_per_round=None, simulated=True)
         report["systems"].append(row)
         echo_row(row, len(prompts))
     if json_out:
@@ -277,7 +287,8 @@ def echo_row(row: dict, prompts: int) -> None:
     click.echo(f"{row['system']:>40} {row['tokens']:>7} {row['forwards']:>8} {row['compression']:>6.3f} "
                f"{row['same_as_plain']:>3}/{prompts:<2} {fmt(row['tokens_per_s'], '7.2f'):>7} "
                f"{fmt(row['speedup'], '6.2f'):>6} {fmt(row['rows_per_round'], '8.1f'):>8} "
-               f"{fmt(row['rows_per_decode_round'], '8.1f'):>8} {fmt(row['host_ms_per_round'], '8.2f'):>8}")
+               f"{fmt(row['rows_per_decode_round'], '8.1f'):>8} {fmt(row['host_ms_per_round'], '8.2f'):>8} "
+               f"{fmt(row['ops_per_round'], '7d'):>7}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Counting what would make the host wait for a GPU, on any device.
 
-On CUDA, `.item()`, `.tolist()`, `.cpu()`, `.numpy()`, Python `bool()` / `int()`
+On CUDA, `.item()`, `.tolist()`, `.cpu()`, Python `bool()` / `int()`
 / `float()` of a tensor and indexing with a 0-dim tensor read the device
 (the host waits for every queued kernel); `.to(device)` and
 `torch.tensor(..., device=...)` from pageable memory are blocking uploads.
@@ -13,7 +13,8 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+READS = {"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__"}
+# not `.numpy()`: it refuses a CUDA tensor (`.cpu()` first, counted), so it only ever views host memory
 
 
 def _zero_dim_index(index) -> bool:

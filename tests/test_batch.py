@@ -84,15 +84,16 @@ def test_packed_round_logits_equal_each_round_alone():
     up = Uploader("cpu")
 
     def run(plans, pasts, first_row, cache):
-        q = max(len(p.rnd) for p in plans)
-        sections, k = pack_round(plans, pasts, list(range(first_row, first_row + len(plans))), q, False)
-        logits, _ = forward_round(model, up.send(sections), len(plans), q, k, pasts[0], first_row, cache)
-        return [logits[i, k - len(p.rnd.logit_rows):] if len(plans) > 1 else logits[0, :len(p.rnd.logit_rows)]
+        """Each request's logits in its round's logit order: z*'s row, the deep cells, the nodes."""
+        sections, shape = pack_round(plans, pasts, list(range(first_row, first_row + len(plans))), 4)
+        logits, _ = forward_round(model, up.send(sections), len(plans), shape, first_row, cache)
+        frame, d = logits[:, shape.k - shape.frame:], shape.deep
+        return [torch.cat([frame[i, d:d + 1], frame[i, :len(p.rnd.deep_rows)], frame[i, d + 1:d + 1 + len(p.nodes)]])
                 for i, p in enumerate(plans)]
 
     def plan(ordinary, position, levels=(), tree=EMPTY):
         rnd = build_round(ordinary, position, list(levels), tree)
-        return RoundPlan(rnd, tree, range(len(tree)), rnd.node_rows[0] if len(tree) else len(rnd), len(rnd.deep_rows))
+        return RoundPlan(rnd, tree, range(len(tree)))
 
     with torch.inference_mode():
         for i, (prompt, past) in enumerate(zip(prompts, pre)):

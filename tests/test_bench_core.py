@@ -43,6 +43,8 @@ def test_bench_core_tiny(tmp_path):
     assert systems["prompt lookup k=6"]["host_ms_per_round"] is None
     for name in ("3,4,3", "0,3,0 L2k8m2", "3,4,3 L2k8m2", suffix, job):
         assert systems[name]["host_ms_per_round"] > 0
+        assert 10 <= systems[name]["ops_per_round"] <= 30        # a round's own ops: tests/test_round_ops.py
+    assert systems["plain greedy"]["ops_per_round"] is None
     # the tiny model's completions share n-grams from prompt to prompt: the job cache finds them
     assert systems[job]["forwards"] < systems[suffix]["forwards"]
     # a lookup-only round feeds the ordinary row plus at most 2 candidates of 8 tokens

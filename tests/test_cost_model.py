@@ -53,8 +53,9 @@ def test_forward_curve_measures_every_row_count(tiny_model64):
 
 
 def test_round_forward_is_the_engines_forward(tiny_model64):
-    """The measured forward is the engine's (forward_logits on a round cache): a prefix round, then the round."""
-    from lp.decode import kv_cache
+    """The measured forward is the engine's (lp.decode.batch's forward_logits on a round cache): a prefix
+    round, then the round, every row's logits."""
+    from lp.decode import batch as kv_cache
 
     seen = []
     original = kv_cache.forward_logits
@@ -67,7 +68,7 @@ def test_round_forward_is_the_engines_forward(tiny_model64):
         cm.round_forward(tiny_model64, prefix=5, rows=3)()
     finally:
         kv_cache.forward_logits = original
-    assert len(seen) == 2 and seen[-1].shape[0] == 3          # the prefix, then the measured round
+    assert len(seen) == 2 and seen[-1].shape[:2] == (1, 3)         # the prefix, then the measured round
 
 
 def test_bare_collective_latency():

@@ -1,12 +1,15 @@
-"""Round layout: visibility rules row by row, row counts, logit rows, and the
-packed forward against separate causal forwards (the oracle)."""
+"""Round layout: visibility rules row by row (the forest numbering against the rules written out
+by role), row counts, logit rows, and the packed forward against separate causal forwards (the
+oracle)."""
 import pytest
 import torch
 
+from lp.decode.batch import forward_round, pack_round
 from lp.decode.device import Uploader
-from lp.decode.kv_cache import RoundCache, forward_logits
-from lp.decode.layout import BASE, DEEP, ORDINARY, PAD, bucket, build_round, descriptors, round_mask, visibility
-from lp.decode.tree import tree_of
+from lp.decode.kv_cache import RoundCache
+from lp.decode.layout import BASE, DEEP, ORDINARY, bucket, build_round, visibility
+from lp.decode.request import RoundPlan
+from lp.decode.tree import EMPTY, tree_of
 
 
 def name(row):
@@ -20,9 +23,11 @@ def name(row):
 
 
 def expected_visible(rnd):
-    """DESIGN.md section 3, written out per row by name."""
+    """DESIGN.md section 3, written out per row by name (a row that a sharded round does not feed
+    is not in the round, so it is not seen)."""
     k = sum(r.role == ORDINARY for r in rnd.rows)
     ords = [f"o{i}" for i in range(k)]
+    fed = {name(r) for r in rnd.rows}
     out = {}
     for r in rnd.rows:
         if r.role == ORDINARY:
@@ -31,7 +36,7 @@ def expected_visible(rnd):
             seen = ords + [f"b{j}" for j in range(1, r.col + 1)]
         elif r.role == DEEP:
             seen = ords + [f"b{j}" for j in range(1, r.col + 1)]
-            seen += [f"u{q},{r.col}" for q in range(1, r.level + 1)]
+            seen += [f"u{q},{r.col}" for q in range(1, r.level + 1) if f"u{q},{r.col}" in fed]
         else:   # the node and its ancestors, from the tree itself
             seen = ords + [f"v{u}" for u in rnd_tree(rnd).path(r.node)]
         out[name(r)] = set(seen)
@@ -56,8 +61,14 @@ def build(ordinary, position, levels, tree, **kw):
 
 @pytest.mark.parametrize("ordinary", [[9], [7, 8, 9]])
 @pytest.mark.parametrize("tree", [CANDS, BRANCHY])
-def test_visibility_row_by_row(ordinary, tree):
-    rnd = build(ordinary, 20, LEVELS_N4_W3, tree)
+@pytest.mark.parametrize("levels,columns", [(LEVELS_N4_W3, None), (LEVELS_N4_W3, range(0, 1)),
+                                            (LEVELS_N4_W3, range(1, 3)), (LEVELS_N4_W3, range(2, 3)),
+                                            ([[11, 12, 13]], None), ([], None)])
+def test_visibility_row_by_row(ordinary, tree, levels, columns):
+    """Whole rounds and LP column blocks, steady state and warmup: the preorder numbers give
+    exactly the rule's rows, and every number is used once."""
+    rnd = build(ordinary, 20, levels, tree, columns=columns)
+    assert sorted(r.pre for r in rnd.rows) == list(range(1, len(rnd) + 1))
     vis = visibility(rnd.rows)
     want = expected_visible(rnd)
     names = [name(r) for r in rnd.rows]
@@ -129,13 +140,15 @@ def branch_tokens(rnd, row_index, vis):
     return [r.token for r in seen], positions[0]
 
 
-def packed_logits(model, rnd, prompt, past, cache, pad_to=None):
-    """The engine's path: descriptors -> one upload -> mask on the device -> static-cache forward."""
-    q = pad_to or len(rnd)
-    dev = Uploader("cpu").send({**descriptors(rnd, q), "keep": rnd.logit_rows})
-    mask = round_mask(dev, past, cache.length, model.dtype).attention
-    return forward_logits(model, dev["ids"][None], dev["pos"][None], mask, cache, dev["keep"],
-                          torch.arange(past, past + q))
+@torch.inference_mode()
+def packed_logits(model, rnd, tree, past, cache, pad_to=None):
+    """The engine's path: pack_round -> one upload -> mask on the device -> static-cache forward;
+    the logits of `rnd.logit_rows`, in that order."""
+    plan = RoundPlan(rnd, tree, range(len(tree)))
+    sections, shape = pack_round([plan], [past], [0], 4, fit=lambda q: pad_to or q)
+    logits, _ = forward_round(model, Uploader("cpu").send(sections), 1, shape, 0, cache)
+    frame, d = logits[0, shape.k - shape.frame:], shape.deep
+    return torch.cat([frame[d:d + 1], frame[:len(rnd.deep_rows)], frame[d + 1:d + 1 + len(tree)]])
 
 
 @pytest.mark.parametrize("prefilled", [False, True])
@@ -158,13 +171,13 @@ def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, p
     cache = RoundCache(model, 64)
     if prefilled:   # the cache holds prompt[:-1]; the round has one ordinary row
         pre = build_round(prompt[:-1], len(prompt) - 2, [])
-        packed_logits(model, pre, prompt, 0, cache)
+        packed_logits(model, pre, EMPTY, 0, cache)
         ordinary = prompt[-1:]
     else:           # prefill round: the whole prompt is ordinary rows
         ordinary = prompt
     past = len(prompt) - len(ordinary)
     rnd = build_round(ordinary, len(prompt) - 1, levels, cands)
-    logits = packed_logits(model, rnd, prompt, past, cache, bucket(len(rnd) + 1) if padded else None)
+    logits = packed_logits(model, rnd, cands, past, cache, bucket(len(rnd) + 1) if padded else None)
     vis = visibility(rnd.rows)
     for k, i in enumerate(rnd.logit_rows):
         tokens, first_pos = branch_tokens(rnd, i, vis)
@@ -174,14 +187,28 @@ def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, p
 
 
 def test_padding_rows_see_only_themselves():
+    """A packed round padded by 3 rows over 5 committed slots: real rows see the committed prefix
+    and the visibility rule's rows, PAD rows their own slot only, nobody a slot past the round."""
     rnd = build_round([7, 8, 9], 20, LEVELS_N4_W3, CANDS)
-    d = descriptors(rnd, len(rnd) + 3)
-    assert d["role"][-3:] == [PAD] * 3 and d["ids"][:len(rnd)] == [r.token for r in rnd.rows]
-    t = {k: torch.tensor(v) for k, v in d.items()}
-    mask = round_mask(t, 5, 64, torch.float64).attention[0, 0]
     q = len(rnd)
-    seen = mask == 0
-    for i in range(q, q + 3):
-        assert seen[i].nonzero().flatten().tolist() == [5 + i]      # its own slot, nothing else
-    assert seen[:q, :5].all() and not seen[:, 5 + q + 3:].any()      # real rows see the committed prefix
-    assert (seen[:q, 5:5 + q] == visibility(rnd.rows)).all() and not seen[:q, 5 + q:5 + q + 3].any()
+    sections, shape = pack_round([RoundPlan(rnd, CANDS, range(len(CANDS)))], [5], [0], 4, fit=lambda q: q + 3)
+    dev = Uploader("cpu").send(sections)
+    cache = RoundCache(tiny_cache_model(), 64)
+    from lp.decode.layout import round_mask
+    mask = round_mask(dev["pre"].view(1, -1), dev["keys"], dev["origin"].view(1, 1), 64, torch.float64)
+    seen = (mask.attention[0, 0] == 0)
+    assert (seen == mask.seen[0]).all() and shape.q == q + 3 and cache.length == 64
+    slot = sections["slot"]                            # fed row i -> its cache slot
+    fed = [s - 5 for s in slot]                        # ...its index in the round (PAD: >= q)
+    vis = visibility(rnd.rows, pads=3)
+    for i, r in enumerate(fed):
+        assert bool(seen[i, :5].all()) == (r < q) and bool(seen[i, :5].any()) == (r < q)
+        assert seen[i, 5:].nonzero().flatten().tolist() == vis[r].nonzero().flatten().tolist()
+        if r >= q:
+            assert seen[i].nonzero().flatten().tolist() == [slot[i]]     # its own slot, nothing else
+    assert not seen[:, 5 + q + 3:].any()
+
+
+def tiny_cache_model():
+    from lp.models import tiny_random_llama
+    return tiny_random_llama(vocab=16, seed=1).model.double()

@@ -2,7 +2,8 @@
 import torch
 
 from lp.decode.tree import tree_of
-from lp.decode.verify import HEADER, decide, pack_payload, tree_tensors, tree_verdict
+from lp.decode.verify import (HEADER, decide, frame_ancestors, node_frame, node_mismatch, pack_payloads,
+                              path_verdicts)
 
 T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
 
@@ -18,13 +19,31 @@ def walk(tree, z, predictions):
         emitted.append(predictions[node])
 
 
+def verdicts(cases, width=4):
+    """Several requests' verdicts at once, as the engine computes them: each case (tree, z*,
+    predictions by node, this rank's nodes) in a node frame padded to the widest; per case
+    (head [z*, hits, node], emitted after z*, the payload slot of each node)."""
+    size = max(len(nodes) for _, _, _, nodes in cases)
+    frames = [node_frame(tree, nodes, size, width) for tree, _, _, nodes in cases]
+    field = lambda name: T([f[name] for f in frames]).view(len(cases), size)  # noqa: E731
+    preds = T([[z] + [p[u] for u in nodes] + [0] * (size - len(nodes)) for _, z, p, nodes in cases])
+    off_path = node_mismatch(preds, field("tok"), field("par"), frame_ancestors(field("end")))
+    hits, node, after, slot = path_verdicts(preds[:, 0], off_path, preds[:, 1:], field("depth"), field("step"),
+                                            T([nodes.start for *_, nodes in cases]), width)
+    out = []
+    for i, (tree, z, _, nodes) in enumerate(cases):
+        h = int(hits[i])
+        if h > 0:     # the path, by depth, is the deepest node's path from the root
+            path = [nodes.start + j for j in range(len(nodes)) if slot[i, j] < width]
+            assert sorted(path, key=lambda u: tree.depths[u]) == tree.path(int(node[i]))
+        out.append(([z, h, int(node[i])], after[i].tolist(), slot[i].tolist()))
+    return out
+
+
 def verdict(tree, z, predictions, nodes=None, width=4):
     nodes = nodes if nodes is not None else range(len(tree))
-    head, after, path = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([predictions[u] for u in nodes]),
-                                     first_node=nodes.start, width=width)
-    if head[1] > 0:     # the path, by depth, is the deepest node's path from the root
-        assert [u + nodes.start for u in path[:head[1]].tolist()] == tree.path(int(head[2]))
-    return head.tolist(), after.tolist()
+    head, after, _ = verdicts([(tree, z, predictions, nodes)], width)[0]
+    return head, after
 
 
 # preorder: 5 6 7 | 5 6 9 | 5 1 | 4 -> nodes 0:5 1:6 2:7 3:9 4:1 5:4
@@ -45,17 +64,20 @@ def test_walk_follows_argmax_down_the_branch_that_matches():
 
 
 def test_random_trees_agree_with_the_host_walk():
+    """Batches of random trees of different sizes, verified at once, each as the host walk says."""
     gen = torch.Generator().manual_seed(0)
-    for _ in range(300):
-        paths = [tuple(torch.randint(0, 4, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist())
-                 for _ in range(int(torch.randint(1, 6, (1,), generator=gen)))]
-        tree = tree_of(paths)
-        preds = torch.randint(0, 4, (len(tree),), generator=gen).tolist()
-        z = int(torch.randint(0, 4, (1,), generator=gen))
-        head, after = verdict(tree, z, preds, width=5)
-        emitted, node = walk(tree, z, preds)
-        assert [head[0]] + after[:head[1]] == emitted and head[1] == len(emitted) - 1
-        assert head[1] == 0 or head[2] == node
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen))  # noqa: E731
+    for _ in range(100):
+        cases = []
+        for _ in range(rand(1, 5)):
+            tree = tree_of([tuple(torch.randint(0, 4, (rand(1, 5),), generator=gen).tolist())
+                            for _ in range(rand(0, 6))])
+            preds = torch.randint(0, 4, (len(tree),), generator=gen).tolist()
+            cases.append((tree, rand(0, 4), preds, range(len(tree))))
+        for (tree, z, preds, _), (head, after, _) in zip(cases, verdicts(cases, width=5)):
+            emitted, node = walk(tree, z, preds)
+            assert [head[0]] + after[:head[1]] == emitted and head[1] == len(emitted) - 1
+            assert head[1] == 0 or head[2] == node
 
 
 def test_no_match_and_empty_tree_emit_only_z():
@@ -67,9 +89,9 @@ def test_no_match_and_empty_tree_emit_only_z():
 
 def payload(tree, z, preds, nodes=None, deep=(), width=4, slots=4, rows=1):
     nodes = nodes if nodes is not None else range(len(tree))
-    head, after, _ = tree_verdict(T(z), *tree_tensors(tree, nodes, "cpu"), T([preds[u] for u in nodes]),
-                                  first_node=nodes.start, width=width)
-    return pack_payload(head, after, T(list(deep)), slots, rows).tolist()
+    head, after, _ = verdicts([(tree, z, preds, nodes)], width)[0]
+    return pack_payloads(T(head[:1]), T(head[1:2]), T(head[2:3]), T([[len(deep), rows]]), T([after]),
+                         T([list(deep)]).view(1, len(deep)), slots)[0].tolist()
 
 
 def test_payload_layout_and_bonus_token():

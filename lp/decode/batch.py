@@ -1,82 +1,119 @@
 """Packing the rounds of several requests into one forward.
 
 A batched round has a batch dimension: request b's rows are batch row b,
-padded with PAD rows to the round's Q (the most rows any request feeds), each
-request's K/V in its own cache row, so a row attends over its own request's
-cached positions only and rows of different requests never meet. The other
-layout, every request's rows packed into one batch row over one long cache
-with a block-diagonal mask, needs no padding but makes every row attend over
-the whole batch's cache: its attention cost grows with the batch, ours with
-each request's own length.
+padded with PAD rows to the round's Q, each request's K/V in its own cache
+row, so a row attends over its own request's cached positions only and rows
+of different requests never meet. The other layout, every request's rows
+packed into one batch row over one long cache with a block-diagonal mask,
+needs no padding but makes every row attend over the whole batch's cache: its
+attention cost grows with the batch, ours with each request's own length.
 
-transformers computes logits for the same row indices in every batch row
-(`logits_to_keep`), so each request's rows are fed in an order that puts the
-rows needing logits last: the forward keeps the last K rows (K, the most any
-request needs) and request b reads the last K_b of them, in its round's logit
-order. Rows can be fed in any order: each goes to its own cache slot (slot =
-the request's past + the row's index in its round) and the mask is built in
-the fed order. One request alone keeps today's order and its list of logit
-rows, so a batch of one runs the single-request round unchanged.
+transformers computes logits for the same trailing rows in every batch row
+(`logits_to_keep`), and verification wants the same layout in every request,
+so each request's rows are fed in one order whatever the request (a batch of
+one included):
+
+    [rows without logits][PAD][deep frame: D][z*'s row][node frame: N]
+
+the deep frame holding the window's deepest cells (then PAD up to D, the most
+any request feeds), z*'s row b_0, and the node frame this rank's tree nodes in
+preorder (then PAD up to N). The forward keeps the last K = D + 1 + N rows,
+and the round's work after it (verification of every request's nodes, the
+payload, publication) is a fixed handful of ops on [B, ...] tensors. A fed row
+still goes to its round row's own cache slot (slot = the request's past + the
+row's index in its round; PAD rows after the round's), so the mask's key side
+is in round order and its query side in fed order.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from lp.decode.kv_cache import RoundCache, forward_logits
-from lp.decode.layout import FIELDS, bucket, descriptors, round_mask
+from lp.decode.layout import FUTURE, bucket, pad_numbers, round_mask
 from lp.decode.request import RoundPlan
+from lp.decode.verify import node_frame
 
 
-def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[int], q: int,
-               fixed: bool) -> tuple[dict[str, list[int]], int]:
-    """(sections for one upload, K: logit rows the forward keeps per request) for the plans of a round
-    padded to `q` rows each; `pasts` are the requests' committed cache slots, `rows` their cache rows.
-    `fixed` (compiled rounds): K and the one request's logit list are padded to few sizes.
+class Packed(NamedTuple):
+    """The shape of a packed round, the same for every request in it."""
+    q: int          # rows fed per request, padding included
+    k: int          # logit rows kept per request: the last k fed
+    deep: int       # D: the deep frame's rows
+    nodes: int      # N: the node frame's rows
 
-    Sections: the FIELDS of every request's descriptors (request after request, q each), "past" and
-    "rows" (one per request), and either "keep" (one request: its logit rows) or "order" (several: the
-    round row fed at each of the q positions)."""
-    sections: dict[str, list[int]] = {name: [] for name in FIELDS}
-    for plan in plans:
-        for name, values in descriptors(plan.rnd, q).items():
-            sections[name] += values
-    sections["past"], sections["rows"] = list(pasts), list(rows)
-    if len(plans) == 1:
-        keep = plans[0].rnd.logit_rows
-        sections["keep"] = keep + keep[-1:] * ((q if fixed else len(keep)) - len(keep))
-        return sections, len(sections["keep"])
-    k = max(len(p.rnd.logit_rows) for p in plans)
-    k = min(bucket(k), q) if fixed else k
-    order: list[int] = []
-    for plan in plans:
-        keep = plan.rnd.logit_rows
-        chosen = set(keep)
-        order += [i for i in range(q) if i not in chosen] + keep
-    sections["order"] = order
-    return sections, k
+    @property
+    def frame(self) -> int:
+        """Rows of the frame (deep, z*, nodes) at the end of the kept logits."""
+        return self.deep + 1 + self.nodes
 
 
-def forward_round(model, dev: dict[str, torch.Tensor], n: int, q: int, k: int, past: int, first_row: int,
-                  cache: RoundCache, kinds=None, compiled=None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[int], width: int,
+               fit: Callable[[int], int] = lambda q: q, fixed: bool = False) -> tuple[dict[str, list[int]], Packed]:
+    """(sections for one upload, the round's shape) for the requests' `plans`: `pasts` are their
+    committed cache slots, `rows` their cache rows, `width` the deepest tree node; `fit` pads Q to
+    a few sizes and `fixed` (compiled rounds) K too.
+
+    Sections, request after request: per fed row "ids", "pos", "slot" (its cache slot) and "pre"
+    (its preorder number, lp/decode/layout.py); "keys" (round_mask's key table); "origin" (past
+    - 1) and "rows" (the cache row); per node-frame row "tok" (-1: PAD), "par" (the parent's
+    index in [z*, nodes]), "depth" (0: PAD), "step" (depth - 1; PAD: width, a spare) and
+    "nslot" (its cache slot); "dst" (the frontier slots publication fills, and a spare); "meta"
+    (first node's index in the tree, deep cells fed, rows fed)."""
+    deep = max(len(p.rnd.deep_rows) for p in plans)
+    nodes = max(len(p.nodes) for p in plans)
+    others = max(len(p.rnd) - 1 - len(p.rnd.deep_rows) - len(p.nodes) for p in plans)
+    q = fit(others + deep + 1 + nodes)
+    k = min(bucket(deep + 1 + nodes), q) if fixed else deep + 1 + nodes
+    names = ("ids", "pos", "slot", "pre", "keys", "origin", "rows", "tok", "par", "depth", "step", "nslot",
+             "dst", "meta")
+    out: dict[str, list[int]] = {name: [] for name in names}
+    for plan, past, row in zip(plans, pasts, rows):
+        rnd = plan.rnd
+        pads = q - len(rnd)
+        numbers = pad_numbers(rnd, pads)
+        spare = iter(range(len(rnd), q))                     # PAD rows' round indices, in fed order
+        pad = lambda count: [next(spare) for _ in range(count)]  # noqa: E731
+        logit = set(rnd.logit_rows)
+        head = [i for i in range(len(rnd)) if i not in logit]
+        order = (head + pad(q - len(head) - deep - 1 - nodes) + rnd.deep_rows + pad(deep - len(rnd.deep_rows))
+                 + [rnd.last_ordinary] + rnd.node_rows)
+        order += pad(q - len(order))
+        real = rnd.rows
+        last_pos = real[-1].pos
+        pre_of = [r.pre for r in real] + [p for p, _ in numbers]
+        end_of = [r.end for r in real] + [e for _, e in numbers]
+        pos_of = [r.pos for r in real] + [last_pos] * pads
+        out["ids"] += [real[i].token if i < len(rnd) else 0 for i in order]
+        out["pos"] += [pos_of[i] for i in order]
+        out["slot"] += [past + i for i in order]
+        out["pre"] += [pre_of[i] for i in order]
+        out["keys"] += ([0, *pre_of, FUTURE] + [len(rnd) + 1, *end_of, FUTURE] + [0, *pos_of, 0])
+        out["origin"].append(past - 1)
+        out["rows"].append(row)
+        frame = node_frame(plan.tree, plan.nodes, nodes, width)
+        for name in ("tok", "par", "depth", "step"):
+            out[name] += frame[name]
+        out["nslot"] += [past + i for i in order[q - nodes:]]
+        frontier = past + rnd.last_ordinary + 1
+        out["dst"] += [frontier + s for s in range(width)] + [0]
+        out["meta"] += [plan.nodes.start, len(rnd.deep_rows), len(rnd)]
+    return out, Packed(q, k, deep, nodes)
+
+
+def forward_round(model, dev: dict[str, torch.Tensor], n: int, shape: Packed, first_row: int, cache: RoundCache,
+                  kinds=None, compiled=None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over a packed round of `n` requests in cache rows [first_row, first_row + n)
-    (`dev`: the uploaded sections of pack_round, q rows per request, K logit rows kept; `past`: the
-    one request's committed slots, read from "past" on the device for several): (logits [n, K, V]
-    in each request's logit order as pack_round lays them out, each request's visibility among its
-    rows [n, q, q]). Attention reads the first `span` slots of each cache row (default: all), which
-    must hold every request's committed slots and round."""
-    rows = {name: dev[name].view(n, q) for name in FIELDS}
+    (`dev`: the uploaded sections of pack_round): (logits [n, K, V] of each request's last K fed
+    rows, which slots each fed row sees [n, Q, span]). Attention reads the first `span` slots of
+    each cache row (default: all), which must hold every request's committed slots and round."""
+    q = shape.q
     span = span or cache.length
-    if n == 1:
-        mask = round_mask({f: v[0] for f, v in rows.items()}, past, span, model.dtype, kinds)
-        ids, pos, keep = rows["ids"], rows["pos"], dev["keep"]
-        slots = torch.arange(past, past + q, device=ids.device)
-    else:
-        order = dev["order"].view(n, q)
-        mask = round_mask(rows, dev["past"], span, model.dtype, kinds, order)
-        ids, pos, keep = rows["ids"].gather(1, order), rows["pos"].gather(1, order), k
-        slots = dev["past"][:, None] + order
+    pre, pos = dev["pre"].view(n, q), dev["pos"].view(n, q)
+    mask = round_mask(pre, dev["keys"], dev["origin"].view(n, 1), span, model.dtype, kinds, pos)
+    slots = dev["slot"].view(n, q)
     cache.rows = None if cache.batch == 1 else slice(first_row, first_row + n)
-    logits = forward_logits(model, ids, pos, mask.attention, cache, keep, slots, compiled)
-    return (logits[None] if n == 1 else logits), (mask.visible[None] if n == 1 else mask.visible)
+    logits = forward_logits(model, dev["ids"].view(n, q), pos, mask.attention, cache, shape.k,
+                            slots[0] if n == 1 else slots, compiled)
+    return logits, mask.seen

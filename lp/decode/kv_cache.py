@@ -1,17 +1,19 @@
 """Every call that touches the transformers cache or the model forward, in one place.
 
 `RoundCache` is a static K/V cache sized once (prompt + max_new_tokens + the
-largest round, rounded up to a power of two): each layer's keys and values are preallocated
-[batch, heads, length, dim] tensors at fixed addresses (one cache row per request of a batch), in the heads and head sizes that layer writes
-(read off the model by one probe forward: MLA keys and values differ in head size). A round writes its rows
-to cache slots [past, past + Q) of each request's row in place (`index_copy_`; `index_put_` for
-several requests, each at its own past), the model attends
-over all `length` slots through the round's mask (which hides every slot
-past the round), and publication copies the accepted rows to the frontier
-in place: no per-layer concatenation, no reallocation, fixed shapes, so
-the forward can be captured by torch.compile and CUDA graphs. The engine
-tracks how many slots are committed; stale slots beyond are masked and
-overwritten later.
+largest round, rounded up to a power of two): each layer's keys and values are
+preallocated [batch, heads, length, dim] views, at fixed addresses, of one
+stacked buffer per layer shape (one cache row per request of a batch), in the
+heads and head sizes that layer writes (read off the model by one probe
+forward: MLA keys and values differ in head size). A round writes its rows to
+their cache slots of each request's row in place (`index_copy_`; `index_put_`
+for several requests, each at its own slots), the model attends over the
+slots in use through the round's mask (which hides every slot past the
+round), and publication copies the accepted rows to the frontier in place,
+in one gather and one scatter per stacked buffer: no per-layer concatenation,
+no reallocation, fixed shapes, so the forward can be captured by
+torch.compile and CUDA graphs. The engine tracks how many slots are
+committed; stale slots beyond are masked and overwritten later.
 
 Supported range: transformers 5.17 .. 5.x. Differences handled here:
 - 5.24 names the forward's cache argument `cache` (the old `past_key_values`
@@ -38,12 +40,10 @@ COMPILE_MODES = ("off", "default", "reduce-overhead")
 class _RoundLayer(CacheLayerMixin):
     is_compileable = True
 
-    def __init__(self, owner: "RoundCache", shape: "LayerShape", dtype: torch.dtype, device: torch.device):
+    def __init__(self, owner: "RoundCache", keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
         self.owner = owner
-        self.keys = torch.zeros(owner.batch, shape.key_heads, owner.length, shape.key_dim, dtype=dtype, device=device)
-        self.values = torch.zeros(owner.batch, shape.value_heads, owner.length, shape.value_dim, dtype=dtype,
-                                  device=device)
+        self.keys, self.values = keys, values            # views of the owner's stacked buffers
         torch._dynamo.mark_static_address(self.keys)     # fixed addresses: CUDA graphs replay against them
         torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True                       # allocated up front: no branch inside a graph
@@ -58,7 +58,7 @@ class _RoundLayer(CacheLayerMixin):
             keys.index_copy_(2, slots, key_states)
             values.index_copy_(2, slots, value_states)
         else:                           # [B, Q]: each request's rows at its own slots
-            batch = torch.arange(slots.shape[0], device=slots.device)[:, None]
+            batch = self.owner.batch_index[:slots.shape[0]]
             keys[batch, :, slots] = key_states.transpose(1, 2)
             values[batch, :, slots] = value_states.transpose(1, 2)
         span = self.owner.span
@@ -101,10 +101,14 @@ def layer_shapes(model) -> list[LayerShape]:
 
 class RoundCache(Cache):
     """Static cache of `batch` rows of `length` slots for every layer of `model`, allocated at once
-    in the model's dtype on its device, each layer in the shape it writes (`layer_shapes`). Before
-    a forward, `rows` (a slice; None: all) picks the cache rows its batch uses, in order, and
-    `slots` (a device tensor, [Q] or [B, Q]) says where each batch row's rows go, and `span` how many
-    leading slots attention reads (`attended`: the slots in use, not the whole allocation)."""
+    in the model's dtype on its device, each layer in the shape it writes (`layer_shapes`). The
+    keys and values of every layer of one shape are views of one stacked buffer
+    [tensors, batch, heads, length, dim] (`buffers`: one for most models, two where keys and values
+    differ in size), so publication and moving a row are one op per buffer whatever the depth.
+    Before a forward, `rows` (a slice; None: all) picks the cache rows its batch uses, in order,
+    and `slots` (a device tensor, [Q] or [B, Q]) says where each batch row's rows go, and `span`
+    how many leading slots attention reads (`attended`: the slots in use, not the whole
+    allocation)."""
 
     def __init__(self, model, length: int, batch: int = 1):
         param = next(model.parameters())
@@ -112,8 +116,22 @@ class RoundCache(Cache):
         self.span = length                 # slots the next forward attends over (its mask's width)
         self.rows: slice | None = None
         self.slots: torch.Tensor | None = None
-        super().__init__(layers=[_RoundLayer(self, shape, param.dtype, param.device)
-                                 for shape in layer_shapes(model)])
+        self.batch_index = torch.arange(batch, device=param.device)[:, None]
+        shapes = layer_shapes(model)
+        kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
+        groups = list(dict.fromkeys(kinds))
+        self.buffers = [torch.zeros(kinds.count(g), batch, g[0], length, g[1], dtype=param.dtype, device=param.device)
+                        for g in groups]
+        for buffer in self.buffers:
+            torch._dynamo.mark_static_address(buffer)
+        taken = [0] * len(groups)
+
+        def view(kind):
+            g = groups.index(kind)
+            taken[g] += 1
+            return self.buffers[g][taken[g] - 1]
+        keys = [view(k) for k in kinds[:len(shapes)]]
+        super().__init__(layers=[_RoundLayer(self, k, view(v)) for k, v in zip(keys, kinds[len(shapes):])])
 
 
 SPAN_QUANTUM = 128      # attention reads the used slots rounded up to this (compiled rounds: a power of two)
@@ -145,23 +163,17 @@ def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     return caches[key]
 
 
-def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-    """Copy the K/V of slots `src` to slots `dst` in every layer, in place: device index tensors of
-    one fixed length for a one-row cache, or [n, W] for cache rows `rows` [n] (each request its own
-    pairs); a pair with src == dst is a no-op."""
-    for layer in cache.layers:
-        for t in (layer.keys, layer.values):
-            if rows is None:
-                t.index_copy_(2, dst, t.index_select(2, src))
-            else:
-                t[rows[:, None], :, dst] = t[rows[:, None], :, src]
+def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
+    """Copy the K/V of slots `src` to slots `dst` [n, W] of cache rows `rows` [n, 1] in every layer,
+    in place (two ops per stacked buffer); a pair with src == dst is a no-op."""
+    for buffer in cache.buffers:
+        buffer[:, rows, :, dst] = buffer[:, rows, :, src]
 
 
 def move_row(cache: RoundCache, src: int, dst: int) -> None:
     """Copy cache row `src` (a request's K/V) to row `dst` in every layer, in place."""
-    for layer in cache.layers:
-        layer.keys[dst].copy_(layer.keys[src])
-        layer.values[dst].copy_(layer.values[src])
+    for buffer in cache.buffers:
+        buffer[:, dst].copy_(buffer[:, src])
 
 
 def compiled_forward(model, mode: str):
@@ -224,8 +236,7 @@ def _sdpa_module():
 
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
                    compiled=None) -> torch.Tensor:
-    """One forward over a round's rows; logits [K, V] for `logit_rows` only ([B, K, V] for a batch
-    of B > 1). With a RoundCache, `slots` are the cache slots the rows are written to; `compiled`
+    """One forward over a round's rows [B, Q]; logits [B, K, V] for `logit_rows` only. With a RoundCache, `slots` are the cache slots the rows are written to; `compiled`
     is a compiled model call."""
     if slots is not None:
         cache.slots = slots
@@ -236,4 +247,4 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
     with _sdpa_gqa():
         out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
                    use_cache=True, **kwargs)
-    return out.logits[0] if out.logits.shape[0] == 1 else out.logits
+    return out.logits

@@ -79,8 +79,6 @@ class RoundPlan(NamedTuple):
     rnd: Round
     tree: TokenTree
     nodes: range        # this rank's tree nodes (whole root subtrees)
-    first_row: int      # row of the first of them (len(rnd) without nodes)
-    deep: int           # rows of the window's deepest level fed here
 
 
 class RequestState:
@@ -125,7 +123,7 @@ class RequestState:
         subtrees = subtrees if subtrees is not None else range(len(starts) - 1)
         nodes = range(starts[subtrees.start], starts[subtrees.stop])
         rnd = build_round(self.ordinary, len(self.tokens) - 1, self.levels, tree, nodes, columns=columns)
-        return RoundPlan(rnd, tree, nodes, rnd.node_rows[0] if nodes else len(rnd), len(rnd.deep_rows))
+        return RoundPlan(rnd, tree, nodes)
 
     def commit(self, decision: Decision, plan: RoundPlan, world: int) -> None:
         """The round's outcome: the window moves, the emitted tokens are committed up to a stop, the

@@ -1,8 +1,9 @@
 """Greedy verification of a token tree (DESIGN.md section 8) and the round decision (section 5).
 
-Each worker verifies its own nodes on the device (`tree_verdict`) and packs a
-fixed-size payload; `decide` turns the gathered payloads of all workers into
-the round's outcome on the host. With one worker the same two functions run,
+Each worker verifies its own nodes on the device, every request of a round at
+once (`node_mismatch`, `path_verdicts`: a node frame per request, lp/decode/batch.py),
+and packs a fixed-size payload per request (`pack_payloads`); `decide` turns
+the gathered payloads of all workers into a request's outcome on the host. With one worker the same two functions run,
 so the single-worker engine is the P = 1 case of LP.
 """
 from __future__ import annotations
@@ -11,79 +12,72 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from lp.decode.layout import subtree_ancestors
 from lp.decode.tree import TokenTree
 
 HEADER = 5   # payload: z*, best hits, deepest accepted node (global index), deepest-output count, rows fed
 
 
-def tree_tensors(tree: TokenTree, nodes: range, device) -> tuple[torch.Tensor, ...]:
-    """The nodes of `tree` in `nodes` (whole root subtrees) as tensors on `device`: tokens,
-    parents (local indices, -1: the root), depths, and the ancestor-or-self matrix (tests and
-    measurements; the engine takes the same from the round's uploaded descriptors)."""
-    first = nodes.start
-    parents = torch.tensor([tree.parents[u] - first if tree.parents[u] >= 0 else -1 for u in nodes],
-                           dtype=torch.long)
-    ends = tree.subtree_ends()
-    anc = subtree_ancestors(torch.tensor([ends[u] - first for u in nodes], dtype=torch.long))
-    tokens = torch.tensor([tree.tokens[u] for u in nodes], dtype=torch.long)
-    depths = torch.tensor([tree.depths[u] for u in nodes], dtype=torch.long)
-    return tokens.to(device), parents.to(device), depths.to(device), anc.to(device)
+def node_frame(tree: TokenTree, nodes: range, size: int, width: int) -> dict[str, list[int]]:
+    """The node frame of one request's round on this rank: `nodes` of `tree` (whole root subtrees,
+    in preorder), then PAD entries up to `size`, as int lists: "tok" (-1: PAD, never equal to a
+    prediction), "par" (the parent's index in [z*, nodes...]: 0 for a child of the root), "depth"
+    (0: PAD), "step" (depth - 1: the payload slot it emits into; PAD: `width`, a spare) and
+    "end" (the local index just past its subtree: j is i's ancestor or i when j <= i < end(j))."""
+    first, ends = nodes.start, tree.subtree_ends()
+    frame: dict[str, list[int]] = {"tok": [], "par": [], "depth": [], "step": [], "end": []}
+    for u in nodes:
+        parent = tree.parents[u]
+        for name, value in zip(frame, (tree.tokens[u], parent - first + 1 if parent >= 0 else 0, tree.depths[u],
+                                       tree.depths[u] - 1, ends[u] - first)):
+            frame[name].append(value)
+    for j in range(len(nodes), size):
+        for name, value in zip(frame, (-1, 0, 0, width, j + 1)):
+            frame[name].append(value)
+    return frame
 
 
-def tree_hits(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-              predictions: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-    """Whether each node is on the accepted path, [B] bool.
-
-    A node matches when its token is what its parent's row predicts (z*, the
-    ordinary row's argmax, for a child of the root); it is accepted when it and
-    all its ancestors match. `parents` are node indices (-1: the root),
-    `ancestors[i, j]` is True when j is i or an ancestor of i. Children carry
-    distinct tokens, so the accepted nodes form one path from the root."""
-    expected = torch.where(parents < 0, next_token, predictions[parents.clamp(min=0)])
-    match = tokens == expected
-    return ~(ancestors & ~match[None, :]).any(dim=1)
+def frame_ancestors(end: torch.Tensor) -> torch.Tensor:
+    """[..., N, N] bool from a node frame's subtree ends [..., N]: (i, j) when j <= i < end(j), i.e. j
+    is node i itself or one of its ancestors (the engine reads the same off the round's mask)."""
+    index = torch.arange(end.shape[-1], device=end.device)
+    return (index[None, :] <= index[:, None]) & (index[:, None] < end[..., None, :])
 
 
-def tree_verdict(next_token: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                 ancestors: torch.Tensor, predictions: torch.Tensor, first_node: int,
-                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(head [z*, hits, deepest accepted node's global index], the tokens emitted after z*
-    padded to `width`, the accepted path's local node indices by depth padded to `width`),
-    on the device, without a host sync."""
-    accepted = tree_hits(next_token, tokens, parents, predictions, ancestors)
-    return path_verdict(next_token, accepted, depths, predictions, first_node, width)
+def node_mismatch(frame: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                  ancestors: torch.Tensor) -> torch.Tensor:
+    """Which node-frame entries are off the accepted path, [B, N] bool, for B requests at once.
+
+    `frame` [B, 1 + N] is z* (the ordinary row's argmax) then each node's prediction; a node
+    matches when its token is what its parent's row predicts (`parents`: index into `frame`); it
+    is accepted when it and all its ancestors match (`ancestors[b, i, j]`: j is i or an ancestor
+    of i). Children carry distinct tokens, so the accepted nodes form one path from the root."""
+    wrong = tokens != frame.gather(1, parents)
+    return (ancestors & wrong[:, None, :]).any(dim=2)
 
 
-def path_verdict(first: torch.Tensor, accepted: torch.Tensor, depths: torch.Tensor, emitted: torch.Tensor,
-                 first_node: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verdict of an accepted path (a set of nodes, one per depth from 1, `accepted`):
-    head [first token, hits, deepest node's global index], what each path node emits
-    (`emitted[node]`) at its depth, and the path's local node indices by depth."""
-    device = first.device
-    if depths.numel() == 0:
-        zero = torch.zeros_like(first)
-        none = torch.zeros(width, dtype=torch.long, device=device)
-        return torch.stack([first, zero, zero]), none, none
-    reached = torch.where(accepted, depths, 0)
-    hits, best = reached.max(dim=0)
-    slot = torch.where(accepted, depths - 1, width)   # off-path nodes go to a spare slot
-    spare = torch.zeros(width + 1, dtype=torch.long, device=device)
-    after = spare.scatter(0, slot, emitted)[:width]
-    path = spare.scatter(0, slot, torch.arange(depths.numel(), device=device))[:width]
-    return torch.stack([first, hits, best + first_node]), after, path
+def path_verdicts(first: torch.Tensor, off_path: torch.Tensor, emitted: torch.Tensor, depths: torch.Tensor,
+                  steps: torch.Tensor, first_node: torch.Tensor,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verdicts of B requests' accepted paths (one node per depth from 1: the node-frame entries
+    not `off_path` [B, N]): (hits [B], the deepest accepted node's index in the tree [B], what each
+    path node emits (`emitted` [B, N]) by depth [B, width] (the first `hits` valid), each entry's
+    payload slot [B, N]: its depth - 1 on the path, the spare `width` off it), on the device."""
+    spare = torch.zeros(first.shape[0], width + 1, dtype=torch.long, device=first.device)
+    if depths.shape[1] == 0:            # no nodes on this rank
+        return spare[:, 0], spare[:, 0], spare[:, :width], steps
+    hits, best = depths.masked_fill(off_path, 0).max(dim=1)
+    slot = steps.masked_fill(off_path, width)
+    return hits, best + first_node, spare.scatter(1, slot, emitted)[:, :width], slot
 
 
-def pack_payload(head: torch.Tensor, emitted_after: torch.Tensor, deepest: torch.Tensor,
-                 deep_slots: int, rows: int) -> torch.Tensor:
-    """One worker's fixed-size int64 payload: [z, hits, node index, deepest count,
-    rows this worker fed to its forward, `width` tokens emitted after z (the first
-    `hits` are valid), deepest outputs padded to `deep_slots`]."""
-    device = deepest.device
-    count = torch.full((1,), deepest.numel(), dtype=torch.long, device=device)   # fills, not copies
-    fed = torch.full((1,), rows, dtype=torch.long, device=device)
-    pad = torch.full((deep_slots - deepest.numel(),), -1, dtype=torch.long, device=device)
-    return torch.cat([head, count, fed, emitted_after, deepest, pad])
+def pack_payloads(first: torch.Tensor, hits: torch.Tensor, node: torch.Tensor, counts: torch.Tensor,
+                  after: torch.Tensor, deepest: torch.Tensor, deep_slots: int) -> torch.Tensor:
+    """Each request's fixed-size int64 payload on this worker, [B, HEADER + width + deep_slots]:
+    [z, hits, node index, deepest count, rows this worker fed to its forward (`counts` [B, 2]),
+    `width` tokens emitted after z (the first `hits` valid), deepest outputs (the first `count`
+    valid; the rest padding)]."""
+    deepest = torch.nn.functional.pad(deepest, (0, deep_slots - deepest.shape[1]), value=-1)
+    return torch.cat([first[:, None], hits[:, None], node[:, None], counts, after, deepest], dim=1)
 
 
 class Decision(NamedTuple):

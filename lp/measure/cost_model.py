@@ -188,34 +188,59 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def round_forward(model, prefix: int, rows: int):
-    """A closure running one forward of `rows` rows over `prefix` cached tokens the way an engine
-    round runs it (lp.engine: a static RoundCache, the mask built on the device from the rows'
-    descriptors, logits of every row, their argmax read back on the host)."""
-    from lp.decode.kv_cache import forward_logits, round_cache
-    from lp.decode.layout import build_round, descriptors, round_mask
+def _probe_plan(ids: Sequence[int], past: int, logits: bool):
+    """A round of `ids` over `past` cached tokens: ordinary rows (a prefill: z*'s logits only), or
+    with `logits` one ordinary row and the rest a chain of tree nodes (every row's logits, as a
+    round's drafts get them)."""
+    from lp.decode.layout import build_round
+    from lp.decode.request import RoundPlan
+    from lp.decode.tree import EMPTY, tree_of
 
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(prefix * 1000 + rows)
+    tree = tree_of([tuple(ids[1:])]) if logits and len(ids) > 1 else EMPTY
+    ordinary = ids[:1] if logits else list(ids)
+    return RoundPlan(build_round(ordinary, past + len(ordinary) - 1, [], tree), tree, range(len(tree)))
+
+
+def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> dict[int, object]:
+    """Closures running one round's forward as lp.engine runs it (lp.decode.batch: `batch` requests
+    of `rows` new rows each over `prefix` cached tokens apiece, one cache row per request, the mask
+    built on the device from the uploaded rows, attention over the slots in use, every row's
+    logits), their argmax read back on the host; one per rows count, over one cache whose
+    prefixes are written once."""
+    from lp.decode.batch import forward_round, pack_round
+    from lp.decode.device import Uploader
+    from lp.decode.kv_cache import attended, round_cache
+
+    gen = torch.Generator().manual_seed(prefix * 1000 + 100 * batch + max(rows_list))
     random_ids = lambda k: torch.randint(model.config.vocab_size, (k,), generator=gen).tolist()  # noqa: E731
-    cache = round_cache(model, prefix + rows)
+    cache = round_cache(model, prefix + max(rows_list), batch)
+    uploader = Uploader(next(model.parameters()).device)
 
-    def prepared(ordinary, past):
-        rnd = build_round(ordinary, past + len(ordinary) - 1, [])
-        dev = {k: torch.tensor(v, device=device) for k, v in descriptors(rnd).items()}
-        mask = round_mask(dev, past, cache.length, model.dtype).attention
-        return (dev["ids"][None], dev["pos"][None], mask, cache,
-                torch.arange(len(ordinary), device=device), torch.arange(past, past + len(ordinary), device=device))
+    def prepared(past: int, k: int, first: int, count: int, logits: bool = True):
+        plans = [_probe_plan(random_ids(k), past, logits) for _ in range(count)]
+        sections, shape = pack_round(plans, [past] * count, list(range(first, first + count)), max(k - 1, 1))
+        return uploader.send(sections), shape, attended(past + shape.q, cache.length)
 
     with torch.inference_mode():
-        if prefix:
-            forward_logits(model, *prepared(random_ids(prefix), 0))
-    args = prepared(random_ids(rows), prefix)
+        for row in range(batch if prefix else 0):    # each request's prefix, alone into its cache row
+            dev, shape, span = prepared(0, prefix, row, 1, logits=False)
+            forward_round(model, dev, 1, shape, row, cache, span=span)
 
-    @torch.inference_mode()
-    def run():
-        forward_logits(model, *args).argmax(-1).tolist()
-    return run
+    def closure(rows: int):
+        dev, shape, span = prepared(prefix, rows, 0, batch)
+
+        @torch.inference_mode()
+        def run():
+            logits, _ = forward_round(model, dev, batch, shape, 0, cache, span=span)
+            logits.argmax(-1).tolist()
+        return run
+    return {rows: closure(rows) for rows in rows_list}
+
+
+def round_forward(model, prefix: int, rows: int):
+    """A closure running one engine round's forward of `rows` rows over `prefix` cached tokens
+    (`_probe_rounds` with one request)."""
+    return _probe_rounds(model, prefix, 1, [rows])[rows]
 
 
 def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, device=None,
@@ -240,54 +265,14 @@ def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, de
     return [{"rows": rows, "seconds": statistics.median(times[rows][1:])} for rows in rows_list]
 
 
-@torch.inference_mode()
-def batch_round_forwards(model, prefix: int, batch: int, rows_list: Sequence[int]) -> dict[int, object]:
-    """Closures running one batched round's forward as lp.engine runs it (lp.decode.batch: `batch`
-    requests of `rows` new rows each over `prefix` cached tokens apiece, one cache row per request,
-    attention over the slots in use), read back on the host; one per rows count, over one cache
-    whose prefixes are written once."""
-    from lp.decode.batch import forward_round, pack_round
-    from lp.decode.device import Uploader
-    from lp.decode.kv_cache import attended, round_cache
-    from lp.decode.layout import build_round
-    from lp.decode.request import RoundPlan
-    from lp.decode.tree import EMPTY
-
-    gen = torch.Generator().manual_seed(prefix * 1000 + batch)
-    cache = round_cache(model, prefix + max(rows_list), batch)
-    uploader = Uploader(next(model.parameters()).device)
-
-    def prepared(past: int, k: int, first: int, count: int):
-        plans = []
-        for _ in range(count):
-            rnd = build_round(torch.randint(model.config.vocab_size, (k,), generator=gen).tolist(), past + k - 1, [])
-            plans.append(RoundPlan(rnd, EMPTY, range(0), len(rnd), 0))
-        sections, kept = pack_round(plans, [past] * count, list(range(first, first + count)), k, False)
-        return uploader.send(sections), kept, attended(past + k, cache.length)
-
-    for row in range(batch if prefix else 0):    # each request's prefix, alone into its cache row
-        dev, kept, span = prepared(0, prefix, row, 1)
-        forward_round(model, dev, 1, prefix, kept, 0, row, cache, span=span)
-
-    def closure(rows: int):
-        dev, kept, span = prepared(prefix, rows, 0, batch)
-
-        @torch.inference_mode()
-        def run():
-            logits, _ = forward_round(model, dev, batch, rows, kept, prefix, 0, cache, span=span)
-            logits.argmax(-1).tolist()
-        return run
-    return {rows: closure(rows) for rows in rows_list}
-
-
 def batch_curve(model, prefix: int, batches: Sequence[int], rows_list: Sequence[int], repeats: int,
                 most: int = 512) -> list[dict]:
-    """Median seconds of one batched round's forward (`batch_round_forwards`) for each batch size and
+    """Median seconds of one batched round's forward (`_probe_rounds`) for each batch size and
     rows per request, with at most `most` rows in all: [{"batch", "rows", "seconds"}]."""
     device = next(model.parameters()).device
     out = []
     for b in batches:          # one batch size's cache at a time (a job holds one batch's cache)
-        runs = batch_round_forwards(model, prefix, b, [r for r in rows_list if b * r <= most])
+        runs = _probe_rounds(model, prefix, b, [r for r in rows_list if b * r <= most])
         times = {r: [] for r in runs}
         for _ in range(repeats + 1):     # whole passes; the first warms up
             for r, run in runs.items():
@@ -320,28 +305,31 @@ def batch_forward_time(curve: Sequence[dict], batch: int, rows: float) -> float:
 def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int, device="cpu",
                    repeats: int = 50) -> float:
     """Median seconds of a round's device-side verification (lp.engine's path after the forward:
-    argmax of [rows, vocab] logits, indexing, tree_verdict of a tree of `guesses` chains, pack_payload,
-    decide on the payload read back), on synthetic logits."""
+    argmax of the frame of [rows, vocab] logits, node_mismatch and path_verdicts of a tree of
+    `guesses` chains, pack_payloads, decide on the payload read back), on synthetic logits."""
     from lp.decode.tree import tree_of
-    from lp.decode.verify import decide, pack_payload, tree_tensors, tree_verdict
+    from lp.decode.verify import decide, frame_ancestors, node_frame, node_mismatch, pack_payloads, path_verdicts
 
     device = torch.device(device)
     s, deep_slots = ngram - 1, window + ngram - 2
-    rows = max(rows, 1 + guesses * s + window)
-    logits = torch.randn(rows, vocab, device=device)
     tree = tree_of([tuple(range(c * s, (c + 1) * s)) for c in range(guesses)])
-    node_rows = list(range(1, 1 + len(tree)))
-    deep_rows = list(range(rows - window, rows))
+    nodes = len(tree)
+    rows = max(rows, 1 + nodes + window)
+    logits = torch.randn(1, rows, vocab, device=device)
+    frame = {k: torch.tensor([v], device=device) for k, v in node_frame(tree, range(nodes), nodes, s).items()}
+    ancestors = frame_ancestors(frame["end"])
+    meta = torch.tensor([[0, window, rows]], device=device)
     times = []
     for _ in range(repeats + 3):
         sync(device)
         t = time.perf_counter()
-        predicted = logits.argmax(-1)
-        head, after, _ = tree_verdict(predicted[0], *tree_tensors(tree, range(len(tree)), device),
-                                      predicted[torch.tensor(node_rows, device=device)], first_node=0, width=s)
-        deep = predicted[torch.tensor(deep_rows, dtype=torch.long, device=device)]
-        payload = pack_payload(head, after, deep, deep_slots, rows)
-        decide(payload[None].tolist(), s)
+        predicted = logits[:, rows - window - 1 - nodes:].argmax(-1)      # deep cells, z*, nodes
+        off_path = node_mismatch(predicted[:, window:], frame["tok"], frame["par"], ancestors)
+        hits, node, after, _ = path_verdicts(predicted[:, window], off_path, predicted[:, window + 1:],
+                                             frame["depth"], frame["step"], meta[:, 0], s)
+        payload = pack_payloads(predicted[:, window], hits, node, meta[:, 1:], after, predicted[:, :window],
+                                deep_slots)
+        decide(payload.tolist(), s)
         times.append(time.perf_counter() - t)
     return statistics.median(times[3:])
 

@@ -1,0 +1,100 @@
+"""A round's own work outside the model forward is a fixed handful of ops (at most ROUND_OPS launching
+aten ops, counted on the CPU by lp.measure.round_ops; on a GPU each is at least one kernel launch),
+whatever the tree's depth, the round's size or the batch: greedy rounds with the window, lookup
+spans and token trees at depths 4, 16 and 32, the default job's suffix trees, and batches of 4."""
+from pathlib import Path
+
+import pytest
+import torch
+
+import lp.engine as engine
+from lp.decode.suffix import SuffixIndex
+from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead_generate
+from lp.jobs.config import load_config
+from lp.measure.round_ops import RoundOps
+from lp.models import tiny_random_llama
+
+ROUND_OPS = 30
+PROMPT = [1, 2, 3, 4, 5, 6, 7] * 8
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model16():
+    return tiny_random_llama(vocab=16, seed=1).model.double()
+
+
+@pytest.fixture(scope="module")
+def corpus(model16):
+    """A job corpus holding this prompt's own greedy completion: suffix trees hit deep."""
+    x = torch.tensor([PROMPT])
+    out = model16.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=48,
+                           pad_token_id=0)[0, len(PROMPT):].tolist()
+    index = SuffixIndex(8)
+    index.add(out)
+    return index
+
+
+@pytest.fixture
+def depths(monkeypatch):
+    """The deepest tree of each round, as the leader shares it."""
+    seen = []
+    share = engine.Rounds.share_trees
+
+    def recorded(self, trees, n):
+        shared = share(self, trees, n)
+        seen.append(max(t.max_depth for t in shared))
+        return shared
+    monkeypatch.setattr(engine.Rounds, "share_trees", recorded)
+    return seen
+
+
+def default_job_lookahead() -> LookaheadParams:
+    return load_config(ROOT / "configs" / "humaneval-smollm2.yaml").lookahead
+
+
+CASES = {f"window, lookup, tree of depth {d}": (LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=d), d)
+         for d in (4, 16, 32)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_round_ops_are_bounded_at_every_tree_depth(model16, depths, name):
+    params, depth = CASES[name]
+    with RoundOps().counting() as ops:
+        r = lookahead_generate(model16, PROMPT, params, GenerationParams(48))
+    assert len(ops.rounds) == r.forwards > 3 and max(depths) == depth      # the deep trees were verified
+    assert max(ops.rounds) <= ROUND_OPS, (ops.rounds, ops.ops)
+
+
+def test_round_ops_of_the_default_jobs_tree(model16, corpus, depths):
+    params = default_job_lookahead()
+    assert params.suffix and params.job_cache
+    with RoundOps().counting() as ops:
+        r = lookahead_generate(model16, PROMPT, params, GenerationParams(48), corpus=corpus)
+    assert max(r.emitted_per_round) > 4 and max(depths) > 4                # deep suffix drafts hit
+    assert max(ops.rounds) <= ROUND_OPS, (ops.rounds, ops.ops)
+
+
+def test_round_ops_do_not_grow_with_the_batch(model16, corpus, depths):
+    prompts = [(i, PROMPT[i:], i) for i in range(6)]
+    params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=16)
+    with RoundOps().counting() as ops:
+        results = dict(decode_batch(model16, prompts, params, GenerationParams(32), batch_size=4))
+    assert len(results) == 6 and all(not isinstance(r, Exception) for r in results.values()) and max(depths) == 16
+    assert max(ops.rounds) <= ROUND_OPS, (ops.rounds, ops.ops)
+    assert max(results[0].batch_per_round) == 4
+
+
+def test_the_counter_sees_ops_and_leaves_out_views_and_the_forward(model16):
+    """The counter itself: launching ops are counted, views are not, the model forward is not."""
+    with RoundOps() as ops:
+        ops._in_round, ops.rounds = True, [0]
+        x = torch.arange(6)                  # 1
+        x.view(2, 3)[0].t()                  # views: 0
+        (x + 1).sum()                        # 2
+        x.index_copy_(0, torch.tensor([0]), torch.tensor([5]))   # 1 (the two small tensors are host data)
+    assert ops.rounds == [4], ops.ops
+    with RoundOps().counting() as ops:
+        lookahead_generate(model16, PROMPT[:8], LookaheadParams(0, 3, 0), GenerationParams(4))
+    assert "scaled_dot_product_attention" not in ops.ops and "mm" not in ops.ops and "embedding" not in ops.ops
+    assert "argmax" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0
