@@ -94,7 +94,7 @@ class Plan:
     prompt_tokens: int
     new_tokens: int
     inprocess_prompts: int  # the first k prompts, decoded in process (and by the LP jobs)
-    compiled_job_prompts: int | None   # the compiled jobs' data.limit (None: every prompt)
+    compiled_job_prompts: int          # the compiled jobs' data.limit and the compiled stage's prompts
     compiled_tokens: tuple  # the compiled stage's (prompt tokens, new tokens): see compiled_cache_slots
     rows: list
     prefix: int
@@ -1159,7 +1159,7 @@ class Stages:
         spec = {"model_dir": str(self.dir(model)), "dtype": self.dtype(model), "device": self.dev,
                 "compile": self.compile_mode, "backend": self.backend, "lookahead": self.compiled_lookahead,
                 "new_tokens": new_tokens, "cache_slots": self.report["compiled_cache_slots"],
-                "prompts": [prompt_ids(k, prompt_tokens, self.vocab) for k in range(self.plan.compiled_job_prompts or 1)],
+                "prompts": [prompt_ids(k, prompt_tokens, self.vocab) for k in range(self.plan.compiled_job_prompts)],
                 "out": str(self.work / f"compiled-{model}.json")}
         spec_path = self.work / f"compiled-{model}.spec.json"
         spec_path.write_text(json.dumps(spec))
