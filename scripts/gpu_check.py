@@ -1,38 +1,46 @@
-"""The device check: lp's real job path on one GPU, plus the figures the job does not give, in
-one run that stays inside a time budget and writes one JSON file.
+"""The device check: lp on one GPU, compiled and eager, in process and on its real job path, in
+one run of at most 8 minutes that keeps what it measured and writes one JSON file.
 
     bash scripts/gpu_check.sh --out gpu_check.json                   # one CUDA GPU, < 8 minutes
     bash scripts/gpu_check.sh --small --device cpu --out check.json   # tiny shapes on the CPU (tests)
 
-Nothing is downloaded. The check builds random-weight Llamas of two shapes (a 7B Llama in float16,
-as configs/codellama-7b-humaneval.yaml runs CodeLlama-7B, and SmolLM2-135M's shape in bfloat16),
-saves each with save_pretrained into a temporary directory beside a word-level tokenizer whose
-vocabulary names every model id (so AutoTokenizer loads it and decoding never meets an unknown id),
-and writes prompts in that vocabulary to a JSONL file. Then, stage by stage, in priority order:
+Nothing is downloaded. The check builds random-weight Llamas (a 7B Llama and the same 7B width
+with 4 layers in float16, as configs/codellama-7b-humaneval.yaml runs CodeLlama-7B, and
+SmolLM2-135M's shape in bfloat16), saves each with save_pretrained beside a word-level tokenizer
+whose vocabulary names every model id, and writes prompts in that vocabulary to a JSONL file.
 
-1. eager/<model>: in this process, the model loaded the way a job loads it (lp.models.load_model
-   of the directory); the forward-time curve (lp.measure.cost_model.forward_curve); plain
-   `generate` (the baseline) and lookahead with the GPU config's `lookahead` section under a
-   world-of-one process group (NCCL on CUDA, gloo on the CPU: the job's two collectives per
-   round), each timed per round on the device (CUDA events recorded around the engine's round
-   and forward by wrapping lp's functions from here: no sync added) against the wall clock, with
-   the host syncs counted (torch.cuda.set_sync_debug_mode("warn"), one warning per sync);
-2. job/<model>: `python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m lp.run
-   --config job.yaml`, world size 1 (the process group and its collectives are real), the GPU
-   config's candidates, the in-run generate baseline; its summary.json and results.jsonl;
-3. job-compiled/<model>: the same job with `model.compile: reduce-overhead` (CUDA graphs; the
-   CPU run uses `default`); its first prompt holds the compilation, so tokens/s after the first
-   prompt are given too;
-4. compiled/<model>: in a worker process, lookahead and a static-cache greedy loop
-   (lookahead_generate with LookaheadParams(0, 3, 0), as scripts/bench_core.py runs it) compiled
-   the same way, after an untimed pass that compiles every round shape, timed and counted as in 1.
+First the preflight (about 20 s): versions, the device, lp's round cache on a 2-layer model and one
+eager and one compiled lookahead decode on it; if it fails the JSON says so ("preflight": {"ok":
+false}) and the check stops with one line and exit status 2. Then the plan's stages, in priority
+order (Plan.stages):
+
+- compiled/<model>: in a worker process, on the 7B width with few layers, lookahead rounds, the
+  static-cache greedy loop (LookaheadParams(0, 3, 0)) and transformers' own static-cache
+  `generate`, all compiled the same way with one cache length (the workload is sized so; the JSON
+  gives each system's slots), after an untimed pass that compiles every shape; its compile seconds
+  per layer budget the later compiled stages;
+- eager/<model>: in this process, the model loaded as a job loads it, the forward-time curve, plain
+  `generate` and lookahead in a process group of one (NCCL; gloo on the CPU), rounds timed with
+  device marks (CUDA events: spans, which include the device's idle gaps) and host syncs counted;
+- job/<model>, job-batched/<model>: `python3 -m torch.distributed.run --standalone --nproc-per-node 1
+  -m lp.run` (world size 1, NCCL), one prompt at a time with the in-run baseline, then every prompt
+  in one batch;
+- exact/<model>: in float32 with TF32 off, lookahead's ids against `generate`'s, and for each
+  difference the first differing position and the reference's top-2 logit margin there;
+- profile/<model>: torch.profiler over a few rounds: kernels and summed kernel time per round next
+  to the wall time per round (on the CPU: CPU ops, "activity": "cpu");
+- lp-p2/<model>, lp-p4/<model>: LP with 2 and 4 ranks on the one GPU (LP_SHARED_DEVICE=1: every rank
+  on cuda:0, gloo), float32: its tokens against exact/<model>'s (P = 1);
+- job-compiled/<model>: the job with `model.compile: reduce-overhead` (CUDA graphs; `default` on
+  the CPU), budgeted by the compile time per layer the compiled stage measured.
 
 A stage is skipped, with the reason recorded, when the time left in the budget (--budget-s) is
-below its estimate; a stage in a subprocess is stopped when the budget runs out, and a watchdog
-ends the whole check HARD_STOP_S seconds later (a stage in this process cannot be stopped
-otherwise). The JSON is rewritten after every stage. Random weights
-make S (tokens per round) meaningless; time per round, device time against wall time, host
-syncs, the forward-time curve and whether the ids equal plain greedy decoding's are not.
+below its estimate (each stage records its estimate and how it was made); a stage in a subprocess
+is stopped past twice its estimate + 30 s or when the budget runs out, and a watchdog ends the whole
+check HARD_STOP_S seconds after the budget (a stage in this process cannot be stopped otherwise).
+The JSON is rewritten after every stage. Random weights make S (tokens per round) meaningless;
+time per round, kernel time against wall time, host syncs, the forward-time curve and float32 ids
+are not.
 """
 from __future__ import annotations
 
@@ -68,6 +76,7 @@ SHAPES = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
 }
+SHAPES["llama-7b-4l"] = dict(SHAPES["llama-7b"], num_hidden_layers=4)   # the width of 7B, its compile per layer
 SMALL_SHAPES = {   # the same two kinds of attention (full heads; grouped K/V heads) in miniature
     "tiny-llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=4, vocab_size=512),
@@ -78,54 +87,83 @@ SMALL_SHAPES = {   # the same two kinds of attention (full heads; grouped K/V he
 
 @dataclasses.dataclass
 class Plan:
-    """What one run of the check does."""
+    """What one run of the check does: its models, its stages in priority order, their workloads."""
     models: dict            # name -> (shape, dtype)
-    compiled_models: list   # models whose compiled stages run, in priority order
+    stages: list            # (kind, model), or ("lp", model, ranks), in priority order
     prompts: int            # prompts in the JSONL file (the jobs decode them all)
     prompt_tokens: int
     new_tokens: int
-    inprocess_prompts: int  # the first k prompts, decoded in process (eager and compiled)
-    compiled_job_prompts: int | None   # the compiled jobs' data.limit (None: every prompt)
+    inprocess_prompts: int  # the first k prompts, decoded in process (and by the LP jobs)
+    compiled_job_prompts: int          # the compiled jobs' data.limit and the compiled stage's prompts
+    compiled_tokens: tuple  # the compiled stage's (prompt tokens, new tokens): see compiled_cache_slots
     rows: list
     prefix: int
     repeats: int
-    # the compiled stages' `lookahead` section; None: the GPU config's
-    compiled_lookahead: dict | None = None
-    estimates: dict = dataclasses.field(default_factory=dict)   # stage kind -> seconds it needs at least
+    floors: dict            # stage kind -> the seconds it needs at least (compiled jobs add compile time)
+    compiled_lookahead: dict | None = None   # the compiled stages' `lookahead` section; None: the GPU config's
     tiny: bool = False      # tiny shapes: larger initial weights (see build_model)
 
 
-# 96 + 156 tokens: lp's static cache then has 512 slots for the GPU config's lookahead (prompt +
-# new tokens + 256 for its largest round) and for the greedy loop (+ 8) alike, so the compiled
-# greedy loop adds one round shape (8 rows) to those lookahead compiles, not a second cache length
+# 96 + 156 tokens for the eager and job stages; the compiled stage's 128 + 380 give lp's static
+# cache 1024 slots for the GPU config's lookahead (its largest round pads to 512 rows) and for the
+# greedy loop (8 rows) alike (compiled_cache_slots checks it), and transformers' static cache as many
 FULL = Plan(
-    models={"llama-7b": (SHAPES["llama-7b"], "float16"), "smollm2-135m": (SHAPES["smollm2-135m"], "bfloat16")},
-    compiled_models=["llama-7b", "smollm2-135m"],
-    prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=None,
-    rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
-    estimates={"eager": 45, "job": 45, "job-batched": 45, "job-compiled": 90, "compiled": 90},
+    models={"llama-7b": (SHAPES["llama-7b"], "float16"), "llama-7b-4l": (SHAPES["llama-7b-4l"], "float16"),
+            "smollm2-135m": (SHAPES["smollm2-135m"], "bfloat16")},
+    stages=[("compiled", "llama-7b-4l"), ("eager", "llama-7b"), ("eager", "smollm2-135m"), ("job", "llama-7b"),
+            ("job", "smollm2-135m"), ("exact", "llama-7b-4l"), ("exact", "smollm2-135m"), ("profile", "llama-7b"),
+            ("profile", "smollm2-135m"), ("lp", "smollm2-135m", 2), ("lp", "smollm2-135m", 4),
+            ("job-batched", "llama-7b"), ("job-compiled", "llama-7b"), ("job-compiled", "smollm2-135m")],
+    prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=2,
+    compiled_tokens=(128, 380), rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
+    floors={"compiled": 90, "eager": 40, "job": 40, "exact": 20, "profile": 15, "lp": 30, "job-batched": 40,
+            "job-compiled": 40},
 )
-# tiny shapes and few tokens: the CPU smoke run of the tests. The float32 model is the one whose
-# ids can be asserted (lower precision legitimately flips near-tied argmaxes between the packed
-# rounds, generate and compiled kernels). Compilation dominates on a CPU, so the compiled stages
+# tiny shapes and few tokens: the CPU smoke run of the tests, every kind of stage once at least.
+# The float32 model is the one whose ids can be asserted outside the exact stage (lower precision
+# legitimately flips near-tied argmaxes). Compilation dominates on a CPU, so the compiled stages
 # decode one 4-token prompt with a candidate set whose every round fits 8 rows: one compiled graph
-# serves the compiled lookahead, the compiled greedy loop and (from inductor's on-disk cache)
-# the compiled job.
+# serves the compiled lookahead, the compiled greedy loop and (from inductor's on-disk cache) the
+# compiled job.
 SMALL = Plan(
     models={"tiny-llama": (SMALL_SHAPES["tiny-llama"], "float16"), "tiny-smol": (SMALL_SHAPES["tiny-smol"], "float32")},
-    compiled_models=["tiny-smol"],
+    stages=[("compiled", "tiny-smol"), ("eager", "tiny-llama"), ("eager", "tiny-smol"), ("job", "tiny-llama"),
+            ("job", "tiny-smol"), ("exact", "tiny-llama"), ("exact", "tiny-smol"), ("profile", "tiny-llama"),
+            ("lp", "tiny-smol", 2), ("lp", "tiny-smol", 4), ("job-batched", "tiny-smol"),
+            ("job-compiled", "tiny-smol")],
     prompts=3, prompt_tokens=4, new_tokens=12, inprocess_prompts=2, compiled_job_prompts=1,
-    rows=[1, 2, 4, 8, 16], prefix=32, repeats=2,
+    compiled_tokens=(4, 12), rows=[1, 2, 4, 8, 16], prefix=32, repeats=2,
+    floors={"compiled": 30, "eager": 5, "job": 15, "exact": 5, "profile": 5, "lp": 20, "job-batched": 15,
+            "job-compiled": 20},
     compiled_lookahead=dict(window=0, ngram=3, guesses=1, pool_seeding=True, lookup_candidates=1,
-                            lookup_tokens=2, lookup_ngram=2),
-    estimates={"eager": 5, "job": 15, "job-batched": 15, "job-compiled": 20, "compiled": 30}, tiny=True,
+                            lookup_tokens=2, lookup_ngram=2), tiny=True,
 )
-STAGE_KINDS = ("eager", "job", "job-batched", "job-compiled", "compiled")
+STAGE_KINDS = ("compiled", "eager", "job", "exact", "profile", "lp", "job-batched", "job-compiled")
 HARD_STOP_S = 40   # past the budget by this much the whole check ends (420 + 40 s: inside 8 minutes)
 GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_candidates=0)
+PREFLIGHT_LOOKAHEAD = SMALL.compiled_lookahead   # every round fits 8 rows: one compiled shape
+PROFILE_TOKENS = 32   # new tokens of a profiled decode (a few rounds)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def stage_name(spec: tuple) -> str:
+    """compiled/llama-7b-4l, ..., lp-p2/smollm2-135m for ("lp", "smollm2-135m", 2)."""
+    return f"lp-p{spec[2]}/{spec[1]}" if spec[0] == "lp" else f"{spec[0]}/{spec[1]}"
+
+
+def compiled_cache_slots(plan: Plan, lookahead: dict) -> dict:
+    """The slots lp's static cache gets for the compiled stage's workload, per compiled system (as
+    the engine sizes it for padded rounds: cache_length(cache_need(..., bucket)))."""
+    from lp.decode.kv_cache import cache_length
+    from lp.decode.layout import bucket
+    from lp.decode.request import cache_need
+    from lp.engine import LookaheadParams
+
+    prompt, new = plan.compiled_tokens
+    return {name: cache_length(cache_need(prompt, LookaheadParams(**params), new, bucket))
+            for name, params in (("lookahead compiled", lookahead), ("greedy loop compiled", GREEDY_LOOP))}
 
 
 # ---- the models, the tokenizer, the prompts ---------------------------------------------------------------
@@ -351,7 +389,6 @@ def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool) 
     seconds = sum(r.decode_seconds for r in results)
     fig = {"prompts": len(results), "tokens": tokens, "forwards": tokens, "seconds": seconds,
            "tokens_per_s": tokens / seconds, "wall_ms_per_forward": 1000 * seconds / tokens, **times.figures()}
-    fig["device_busy"] = fig.get("device_ms_per_forward", 0) / fig["wall_ms_per_forward"]
     fig.update(out)
     fig["host_syncs_per_forward"] = None if out["host_syncs"] is None else out["host_syncs"] / tokens
     fig["token_ids"] = [r.token_ids for r in results]
@@ -381,10 +418,135 @@ def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dic
            "host_ms_per_round": 1000 * sum(r.host_seconds for r in results) / rounds,
            "rows_per_round": sum(sum(r.rows_per_round) for r in results) / rounds,
            "collectives_per_round": sum(r.collectives for r in results) / rounds, **times.figures()}
-    fig["device_busy"] = fig.get("device_ms_per_round", 0) / fig["wall_ms_per_round"]
     fig.update(out)
     fig["host_syncs_per_round"] = None if out["host_syncs"] is None else out["host_syncs"] / rounds
     fig["token_ids"] = [r.token_ids for r in results]
+    return fig
+
+
+def first_differences(model, prompts: list[list[int]], ids: list[list[int]], reference: list[list[int]]) -> list:
+    """For each prompt whose `ids` differ from the `reference`'s: the first differing position, the
+    two tokens there and the reference model's top-2 logit margin at that position (one plain
+    forward of the prompt and the reference's tokens before it). A margin near 0 is a near-tie that
+    rounding may flip; a wide one is a real difference."""
+    out = []
+    for k, (mine, ref) in enumerate(zip(ids, reference)):
+        if mine == ref:
+            continue
+        pos = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
+        context = torch.tensor([prompts[k] + ref[:pos]], device=next(model.parameters()).device)
+        with torch.no_grad():
+            top = model(context).logits[0, -1].float().topk(2)
+        values, tokens = top.values.tolist(), top.indices.tolist()
+        out.append({"prompt": k, "position": pos, "reference_token": ref[pos] if pos < len(ref) else None,
+                    "token": mine[pos] if pos < len(mine) else None, "reference_top2_margin": values[0] - values[1],
+                    "reference_top2": tokens})
+    return out
+
+
+@contextlib.contextmanager
+def tf32_off():
+    """float32 matmuls and convolutions in full float32 (no TF32) for the block, restored after;
+    yields the settings seen inside it."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield {"matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+               "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+               "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def profile_system(run, cuda: bool) -> dict:
+    """`run()` (a decode, already warm; returns (rounds, seconds)) once timed and once under
+    torch.profiler: the device's operations per round (CUDA kernels, copies and sets; on the CPU,
+    CPU ops), their summed time per round, the wall time per round of the timed run, and the
+    share of that wall the summed time covers (`kernel_busy`; overlapping operations count twice)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rounds, seconds = run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        profiled_rounds, _ = run()
+        sync(cuda)
+    count, us = device_work(prof.events(), cuda)
+    kernel_ms, wall_ms = us / 1000 / profiled_rounds, 1000 * seconds / rounds
+    return {"rounds": rounds, "kernels_per_round": count / profiled_rounds, "kernel_ms_per_round": kernel_ms,
+            "wall_ms_per_round": wall_ms, "kernel_busy": kernel_ms / wall_ms}
+
+
+def device_work(events, cuda: bool) -> tuple[int, float]:
+    """How many operations ran on the device and their summed microseconds: the CUDA events
+    (kernels, memcpy, memset) on a GPU; on the CPU every CPU op, by its self time (no nesting)."""
+    from torch.autograd import DeviceType
+
+    if cuda:
+        work = [e for e in events if e.device_type == DeviceType.CUDA]
+        return len(work), sum(e.time_range.end - e.time_range.start for e in work)
+    work = [e for e in events if e.device_type == DeviceType.CPU]
+    return len(work), sum(e.self_cpu_time_total for e in work)
+
+
+def lookahead_run(loaded, ids: list[int], new_tokens: int, params: dict, compile_mode: str = "off", comm=None):
+    """A `run` for profile_system: lookahead_generate of `ids`, returning (rounds, decode seconds)."""
+    from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+
+    def run():
+        r = lookahead_generate(loaded.model, ids, LookaheadParams(**params), GenerationParams(new_tokens),
+                               eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
+                               compile_mode=compile_mode)
+        return r.forwards, r.decode_seconds
+    return run
+
+
+def generate_run(loaded, ids: list[int], new_tokens: int):
+    """A `run` for profile_system: plain `generate` (lp.baseline), returning (forwards, decode seconds)."""
+    from lp.baseline import autoregressive_generate
+    from lp.engine import GenerationParams
+
+    def run():
+        r = autoregressive_generate(loaded.model, ids, GenerationParams(new_tokens), eos_token_ids=loaded.eos_token_ids)
+        return r.new_tokens, r.decode_seconds
+    return run
+
+
+def run_static_generate(loaded, prompts: list[list[int]], new_tokens: int, cache_slots: int, compile_mode: str,
+                        cuda: bool) -> dict:
+    """transformers' own `generate` with its static cache of `cache_slots` slots and its compiled
+    decoding step (`compile_config`; CPUs need `_compile_all_devices`), greedy: an untimed pass that
+    compiles, then per prompt a timed decode of `new_tokens` and one of 1 token (the prefill), so
+    the time per token excludes the prefill."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, mode=None if compile_mode == "default" else compile_mode)
+    config._compile_all_devices = not cuda
+
+    def generate(ids, n):
+        x = torch.tensor([ids], device=loaded.model.device)
+        sync(cuda)
+        t = time.perf_counter()
+        out = loaded.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                                    cache_implementation="static", max_cache_len=cache_slots,
+                                    compile_config=config, pad_token_id=0)
+        sync(cuda)
+        return out[0, len(ids):].tolist(), time.perf_counter() - t
+
+    t = time.perf_counter()
+    for ids in prompts:
+        generate(ids, new_tokens)
+    warm, fig = time.perf_counter() - t, {}
+    with counted_syncs(cuda, fig):
+        full = [generate(ids, new_tokens) for ids in prompts]
+    first = [generate(ids, 1)[1] for ids in prompts]
+    tokens, seconds = sum(len(ids) for ids, _ in full), sum(s for _, s in full)
+    fig.update(prompts=len(prompts), tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+               ms_per_token=1000 * (seconds - sum(first)) / (tokens - len(prompts)), max_cache_len=cache_slots,
+               warmup_seconds=warm, compile_seconds=warm - seconds, token_ids=[ids for ids, _ in full])
+    fig["host_syncs_per_token"] = None if fig["host_syncs"] is None else fig["host_syncs"] / tokens
     return fig
 
 
@@ -414,7 +576,7 @@ def group_or_none(backend: str, device: str, out: dict):
     try:
         return world_of_one(backend, device)
     except Exception as e:  # noqa: BLE001
-        out["process_group_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        out["process_group_error"] = one_line(e, 400)
         with contextlib.suppress(Exception):
             shutdown()
         return None
@@ -426,10 +588,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def preflight(dev: str, cuda: bool, compile_mode: str) -> dict:
+    """What every stage needs, in seconds: the versions and the device, lp's round cache on a
+    2-layer model (its layers, slots, dtype and device) and one eager and one compiled lookahead
+    decode of 4 tokens on it. Raises on the first thing that fails."""
+    import transformers
+
+    from lp.decode.kv_cache import round_cache
+    from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+           "cuda": torch.version.cuda, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    shape = SMALL_SHAPES["tiny-smol"]
+    model = build_model(shape, torch.float32, torch.device(dev), tiny=True)
+    cache = round_cache(model, 64)
+    keys = cache.layers[0].keys
+    out["cache"] = {"layers": len(cache.layers), "slots": cache.length, "key_shape": list(keys.shape),
+                    "dtype": str(keys.dtype), "device": str(keys.device)}
+    if len(cache.layers) != shape["num_hidden_layers"] or cache.length < 64 or keys.device.type != dev \
+            or keys.dtype != torch.float32:
+        raise RuntimeError(f"lp's round cache is not what the model needs: {out['cache']}")
+    ids = prompt_ids(0, 8, shape["vocab_size"])
+    for mode in ("off", compile_mode):
+        t = time.perf_counter()
+        r = lookahead_generate(model, ids, LookaheadParams(**PREFLIGHT_LOOKAHEAD), GenerationParams(4),
+                               compile_mode=mode)
+        sync(cuda)
+        out[f"lookahead {mode}"] = {"seconds": time.perf_counter() - t, "rounds": r.forwards, "token_ids": r.token_ids}
+    # a record, not a failure: a compiled kernel may round a near-tie the other way
+    out["ids_equal"] = out["lookahead off"]["token_ids"] == out[f"lookahead {compile_mode}"]["token_ids"]
+    return out
+
+
 def compiled_worker(spec_path: str) -> None:
-    """The compiled stage (a subprocess, so the budget can stop it): per system an untimed pass
-    that compiles every round shape, then the timed pass; the figures so far are rewritten to
-    spec['out'] after each system, so a stopped worker still leaves them."""
+    """The compiled stage (a subprocess, so the budget can stop it): lookahead, the greedy loop and
+    transformers' static-cache `generate`, each compiled: an untimed pass that compiles every shape,
+    the timed pass, and for lp's two a profiled decode of the first prompt. Each system's compile
+    seconds (untimed pass less timed pass) and lp's cache slots are recorded; the figures so far are
+    rewritten to spec['out'] after each system, so a stopped worker still leaves them."""
     from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
     from lp.models import load_model
     from lp.parallel.dist import shutdown
@@ -444,6 +640,13 @@ def compiled_worker(spec_path: str) -> None:
     # loop, a baseline like generate, without collectives
     systems = [("lookahead compiled", spec["lookahead"], comm), ("greedy loop compiled", GREEDY_LOOP, None)]
     prompts, new = spec["prompts"], spec["new_tokens"]
+
+    def save():
+        figures["dynamo_counters"] = dynamo_counters()
+        tmp = Path(spec["out"] + ".tmp")
+        tmp.write_text(json.dumps(figures))
+        os.replace(tmp, spec["out"])    # whole or not at all: the budget may stop this process
+
     try:
         for name, params, group in systems:
             t = time.perf_counter()
@@ -454,13 +657,19 @@ def compiled_worker(spec_path: str) -> None:
             sync(cuda)
             warm = time.perf_counter() - t
             fig = run_lookahead(loaded, prompts, new, params, cuda, spec["compile"], group)
-            fig.update(warmup_seconds=warm, lookahead=params, world_size=group.world if group else 1,
-                       backend=group.backend if group else "none")
+            slots = spec["cache_slots"][name]
+            if (1, slots) not in loaded.model.__dict__.get("_lp_round_caches", {}):
+                raise RuntimeError(f"{name}: lp's cache has not the {slots} slots compiled_cache_slots says")
+            fig.update(warmup_seconds=warm, compile_seconds=warm - fig["seconds"], cache_slots=slots, lookahead=params,
+                       world_size=group.world if group else 1, backend=group.backend if group else "none",
+                       profile=profile_system(lookahead_run(loaded, prompts[0], new, params, spec["compile"], group),
+                                              cuda))
             figures["systems"][name] = fig
-            figures["dynamo_counters"] = dynamo_counters()
-            tmp = Path(spec["out"] + ".tmp")
-            tmp.write_text(json.dumps(figures))
-            os.replace(tmp, spec["out"])    # whole or not at all: the budget may stop this process
+            save()
+        static = run_static_generate(loaded, prompts, new, spec["cache_slots"]["greedy loop compiled"],
+                                     spec["compile"], cuda)
+        figures["systems"]["transformers static generate compiled"] = static
+        save()
     finally:
         shutdown()
 
@@ -491,10 +700,12 @@ class StageTimeout(StageError):
         super().__init__(reason, "timeout", figures)
 
 
-def child_env() -> dict:
-    """This environment for a child: lp importable from this tree, no hub access, none of a process
-    group's variables (torchrun sets its own); on the CPU one torch thread (see main)."""
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+def child_env(extra: dict | None = None) -> dict:
+    """This environment for a child, with `extra` over it: lp importable from this tree, no hub
+    access, none of a process group's variables (torchrun sets its own); on the CPU one torch
+    thread (see main)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV and k != "LP_SHARED_DEVICE"}
+    env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
     if torch.get_num_threads() == 1:
@@ -502,12 +713,12 @@ def child_env() -> dict:
     return env
 
 
-def run_child(cmd: list[str], log: Path, timeout: float) -> int:
+def run_child(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> int:
     """Run `cmd`, output to `log`; past `timeout` seconds it and every process it started are
     stopped (SIGTERM, then SIGKILL 10 s later) and StageTimeout raised. torchrun starts its workers
     in sessions of their own, so they are found by parentage, not by process group."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(env), cwd=ROOT,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=max(timeout, 1))
@@ -569,7 +780,9 @@ def tail(path: Path, lines: int = 15) -> list[str]:
 
 
 def job_config(model_dir: Path, dtype: str, device: str, compile_mode: str, backend: str, lookahead: dict,
-               plan: Plan, prompts: Path, out_dir: Path, limit: int | None, batch_size: int = 1) -> dict:
+               plan: Plan, prompts: Path, out_dir: Path, limit: int | None, batch_size: int = 1,
+               baseline: bool = True) -> dict:
+    """A job config: `baseline` (the in-run generate baseline) only where one prompt runs at a time."""
     return {
         "model": {"name": str(model_dir), "dtype": dtype, "device": device, "compile": compile_mode},
         "lookahead": lookahead,
@@ -578,22 +791,24 @@ def job_config(model_dir: Path, dtype: str, device: str, compile_mode: str, back
         "data": {"source": "jsonl", "path": str(prompts), "offset": 0, "limit": limit},
         "output": {"dir": str(out_dir)},
         "distributed": {"backend": backend, "timeout_s": 120},
-        "baseline": {"enabled": batch_size == 1},    # the in-run baseline times one prompt at a time
+        "baseline": {"enabled": baseline and batch_size == 1},    # the in-run baseline times one prompt at a time
     }
 
 
-def run_job(name: str, config: dict, work: Path, timeout: float, reference: list | None) -> dict:
-    """torchrun, world size 1, `python3 -m lp.run` on `config`; what its output directory says."""
+def run_job(name: str, config: dict, work: Path, timeout: float, reference: list | None, procs: int = 1,
+            env: dict | None = None) -> dict:
+    """torchrun, world size `procs` (`env` over this environment), `python3 -m lp.run` on `config`;
+    what its output directory says."""
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     log = work / f"{name}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
            "-m", "lp.run", "--config", str(path), "--quiet"]
     t = time.perf_counter()
-    fig = {"command": " ".join(cmd[1:]), "config": config}
+    fig = {"command": " ".join(cmd[1:]), "env": env or {}, "config": config}
     out_dir = Path(config["output"]["dir"])
     try:
-        rc = run_child(cmd, log, timeout)
+        rc = run_child(cmd, log, timeout, env)
     except StageTimeout as e:     # keep the prompts it finished
         fig.update(log_tail=tail(log), records_so_far=_record_figures(out_dir))
         raise StageTimeout(e.reason, fig) from None
@@ -692,26 +907,31 @@ class Check:
             return f"needs about {estimate:.0f} s and {max(left, 0):.0f} s of the {self.budget_s:.0f} s budget are left"
         return None
 
-    def stage(self, name: str, estimate: float, fn, needs: list[str] = ()):
-        """Run fn(seconds left) as stage `name` unless the budget or a failed prerequisite says no."""
+    def stage(self, name: str, estimate: float, fn, needs: list[str] = (), basis: str = "given"):
+        """Run fn(seconds it may take) as stage `name` unless the budget or a failed prerequisite
+        says no. It may take twice its `estimate` (made as `basis` says) + 30 s, within the budget
+        left: a subprocess is stopped there; the record keeps the estimate, the allowance and the
+        seconds it took."""
         missing = [n for n in needs if self.report["stages"].get(n, {}).get("status") != "ok"]
         reason = (f"{', '.join(missing)} did not succeed" if missing else None) or self.skip_reason(estimate)
         record = {"status": "skipped", "reason": reason} if reason else None
         if record is None:
+            allowed = min(self.left(), 2 * estimate + 30)
             click.echo(f"[{self.elapsed():5.0f} s] {name} ...", err=True)
             t = time.perf_counter()
             self.running = name
             try:
-                record = {"status": "ok", **fn(self.left())}
+                record = {"status": "ok", **fn(allowed)}
             except StageError as e:
                 record = {"status": e.status, "reason": e.reason, **e.figures}
             except Exception as e:  # noqa: BLE001  (a failed stage is a finding; the check goes on)
-                record = {"status": "failed", "reason": f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"}
-            record["seconds"] = time.perf_counter() - t
+                record = {"status": "failed", "reason": one_line(e)}
+            record.update(seconds=time.perf_counter() - t, allowed_s=allowed)
             self.running = None
             free(self.cuda)   # whatever a failed stage left behind, before the next one
         else:
             click.echo(f"[{self.elapsed():5.0f} s] {name}: skipped ({reason})", err=True)
+        record.update(estimate_s=estimate, estimate_basis=basis)
         self.report["stages"][name] = record
         self.save()
         return record
@@ -721,6 +941,10 @@ class Check:
         tmp = self.out_path.with_name(self.out_path.name + ".tmp")
         tmp.write_text(json.dumps(self.report, indent=1))
         os.replace(tmp, self.out_path)
+
+
+def one_line(e: BaseException, limit: int = 600) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
 
 
 def equal_count(ids: list, reference: list | None) -> str | None:
@@ -740,7 +964,7 @@ def equal_count(ids: list, reference: list | None) -> str | None:
               help="where models, prompts and job directories go (default: a new temporary directory)")
 @click.option("--keep", is_flag=True, help="keep the work directory (default: removed at the end)")
 @click.option("--stages", default=",".join(STAGE_KINDS), show_default=True,
-              help="the kinds of stage to run (the models are always built), e.g. job-compiled,compiled")
+              help="the kinds of stage to run (the preflight and the models always run), e.g. compiled,lp")
 @click.option("--models", "only_models", default="", help="run these models only (comma-separated; default: all)")
 @click.option("--worker", type=click.Path(dir_okay=False), default=None, hidden=True)
 def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models, worker):
@@ -760,30 +984,35 @@ def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models,
         if not set(names) <= set(plan.models):
             raise click.BadParameter(f"{only_models!r}: models are {', '.join(plan.models)}", param_hint="--models")
         plan = dataclasses.replace(plan, models={m: plan.models[m] for m in names},
-                                   compiled_models=[m for m in plan.compiled_models if m in names])
+                                   stages=[s for s in plan.stages if s[1] in names])
+    plan = dataclasses.replace(plan, stages=[s for s in plan.stages if s[0] in kinds])
     dev = "cuda" if cuda else "cpu"
     if not cuda:   # tiny forwards on a shared CPU: more threads only wait for each other
         torch.set_num_threads(1)
     compile_mode = "reduce-overhead" if cuda else "default"   # CUDA graphs need CUDA
-    backend = "nccl" if cuda else "gloo"
     from lp.jobs.config import load_config
 
     gpu_lookahead = dataclasses.asdict(load_config(GPU_CONFIG).lookahead)
     compiled_lookahead = plan.compiled_lookahead or gpu_lookahead
-    import transformers
-
+    slots = compiled_cache_slots(plan, compiled_lookahead)
+    if len(set(slots.values())) != 1:    # the plan's workload is wrong, not the device
+        raise click.UsageError(f"the compiled stage's workload {plan.compiled_tokens} gives the compiled systems "
+                               f"different cache lengths: {slots}")
     report = {
-        "check": "lp gpu_check", "small": small, "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-        "budget_s": budget_s, "stage_kinds": kinds, "compile_mode": compile_mode, "backend": backend,
-        "device_timer": "CUDA events" if cuda else "host clock (the CPU is the device)",
+        "check": "lp gpu_check", "small": small, "budget_s": budget_s, "hard_stop_s": budget_s + HARD_STOP_S,
+        "stage_kinds": kinds, "compile_mode": compile_mode, "backend": "nccl" if cuda else "gloo",
+        "device_timer": ("CUDA event spans (upload to gathered payload; around the forward): they include the "
+                         "device's idle gaps between launches, so they are no busy time: the profile figures "
+                         "kernel_ms_per_round / wall_ms_per_round are" if cuda
+                         else "host clock (the CPU is the device)"),
         "host_syncs": ("counted with torch.cuda.set_sync_debug_mode('warn') (it does not cover torch.distributed)"
                        if cuda else "not applicable: no CUDA device (nothing to synchronize with)"),
         "lookahead": gpu_lookahead, "lookahead_source": str(GPU_CONFIG.relative_to(ROOT)),
-        "compiled_lookahead": compiled_lookahead,
+        "compiled_lookahead": compiled_lookahead, "compiled_cache_slots": slots,
         "workload": {"prompts": plan.prompts, "prompt_tokens": plan.prompt_tokens, "new_tokens": plan.new_tokens,
-                     "inprocess_prompts": plan.inprocess_prompts, "compiled_job_prompts": plan.compiled_job_prompts},
-        "models": {},
+                     "inprocess_prompts": plan.inprocess_prompts, "compiled_job_prompts": plan.compiled_job_prompts,
+                     "compiled_tokens": list(plan.compiled_tokens), "profile_tokens": PROFILE_TOKENS},
+        "plan": [stage_name(s) for s in plan.stages], "models": {}, "stages": {},
     }
     check = Check(Path(out_path), budget_s, report, cuda)
     work = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="lp-gpu-check-"))
@@ -792,7 +1021,8 @@ def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models,
         check.cleanup = lambda: shutil.rmtree(work, ignore_errors=True)
     watchdog = check.watchdog(budget_s + HARD_STOP_S)
     try:
-        _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead)
+        run_preflight(check, dev, cuda, compile_mode)
+        Stages(check, plan, work, dev, cuda, compile_mode, gpu_lookahead, compiled_lookahead).run()
     finally:
         watchdog.cancel()
         check.save()
@@ -801,131 +1031,243 @@ def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models,
     click.echo(f"wrote {out_path} in {report['seconds']:.0f} s")
 
 
-def _run(check, plan, kinds, work, dev, cuda, compile_mode, backend, gpu_lookahead, compiled_lookahead):
-    report = check.report
-    prompts_path = work / "prompts.jsonl"
-    vocab = min(shape["vocab_size"] for shape, _ in plan.models.values())   # every model knows these words
-    texts = write_prompts(prompts_path, plan, vocab)
-    report["prompts_file"] = str(prompts_path)
+def run_preflight(check: Check, dev: str, cuda: bool, compile_mode: str) -> None:
+    """The preflight into report['preflight']; if it fails, the JSON is written, one line says
+    why, and the check ends with status 2 (nothing else would run)."""
+    t = time.perf_counter()
+    try:
+        check.report["preflight"] = {"ok": True, **preflight(dev, cuda, compile_mode)}
+    except Exception as e:  # noqa: BLE001
+        check.report["preflight"] = {"ok": False, "error": one_line(e)}
+    check.report["preflight"]["seconds"] = time.perf_counter() - t
+    check.save()
+    if not check.report["preflight"]["ok"]:
+        click.echo(f"gpu_check: preflight failed, nothing else run: {check.report['preflight']['error']}", err=True)
+        raise SystemExit(2)
 
-    def setup(_left):
+
+class Stages:
+    """The plan's stages: setup, then each (kind, model[, ranks]) in order, run by the method of
+    its kind within the budget. In-process stages share one world-of-one process group."""
+
+    def __init__(self, check: Check, plan: Plan, work: Path, dev: str, cuda: bool, compile_mode: str,
+                 gpu_lookahead: dict, compiled_lookahead: dict):
+        self.check, self.plan, self.work, self.dev, self.cuda = check, plan, work, dev, cuda
+        self.compile_mode, self.backend = compile_mode, check.report["backend"]
+        self.gpu_lookahead, self.compiled_lookahead = gpu_lookahead, compiled_lookahead
+        self.report, self.stages = check.report, check.report["stages"]
+        self.prompts_path = work / "prompts.jsonl"
+        self.vocab = min(shape["vocab_size"] for shape, _ in plan.models.values())   # every model knows these words
+        self.comm = None
+        self.comm_error = None
+
+    def run(self) -> None:
+        self.texts = write_prompts(self.prompts_path, self.plan, self.vocab)
+        self.report["prompts_file"] = str(self.prompts_path)
+        if self.check.stage("setup", 0, self.setup, basis="none: it always runs")["status"] != "ok":
+            return
+        try:
+            for spec in self.plan.stages:
+                kind, model, *ranks = spec
+                estimate, basis = self.estimate(kind, model)
+                method = getattr(self, kind.replace("-", "_"))
+                record = self.check.stage(stage_name(spec), estimate, lambda left: method(model, left, *ranks),
+                                          needs=["setup"], basis=basis)
+                if kind == "job-compiled" and record["status"] == "skipped":
+                    self.shrink(model)
+        finally:
+            if self.comm is not None:
+                from lp.parallel.dist import shutdown
+
+                shutdown()
+
+    def estimate(self, kind: str, model: str) -> tuple[float, str]:
+        """The seconds stage (kind, model) needs at least, and how that was made: its kind's floor;
+        a compiled job adds the compile seconds per layer the compiled stage measured times its layers."""
+        floor, rate = self.plan.floors[kind], self.report.get("compile_seconds_per_layer")
+        if kind != "job-compiled" or rate is None:
+            return floor, f"the floor for {kind}"
+        layers = self.plan.models[model][0]["num_hidden_layers"]
+        return floor + rate * layers, (f"{floor} s + {rate:.2f} s of compilation per layer (lookahead compiled "
+                                       f"on {self.report['compile_model']}) x {layers} layers")
+
+    def shrink(self, model: str) -> None:
+        """A compiled job that did not fit runs on the compiled stage's few-layer model instead
+        (once), if that fits."""
+        probe = self.report.get("compile_model")
+        name = f"job-compiled/{probe}"
+        if probe is None or probe == model or name in self.stages:
+            return
+        estimate, basis = self.estimate("job-compiled", probe)
+        self.check.stage(name, estimate, lambda left: {"in_place_of": model, **self.job_compiled(probe, left)},
+                         needs=["setup"], basis=f"{basis}; in place of job-compiled/{model}, which did not fit")
+
+    # ---- helpers
+
+    def dir(self, model: str) -> Path:
+        return self.work / model
+
+    def dtype(self, model: str) -> str:
+        return self.plan.models[model][1]
+
+    def load(self, model: str, dtype: str | None = None):
+        from lp.models import load_model
+
+        return load_model(str(self.dir(model)), dtype=dtype or self.dtype(model), device=self.dev)
+
+    def inprocess_prompts(self, loaded) -> list[list[int]]:
+        prompts = [loaded.tokenizer.encode(x) for x in self.texts[:self.plan.inprocess_prompts]]
+        assert all(len(p) == self.plan.prompt_tokens for p in prompts), "the tokenizer must give one id per word"
+        return prompts
+
+    def group(self, out: dict):
+        """The in-process world of one (made once; None, with the reason in out, if it cannot be)."""
+        if self.comm is None and self.comm_error is None:
+            self.comm = group_or_none(self.backend, self.dev, out)
+            self.comm_error = out.get("process_group_error")
+        elif self.comm_error:
+            out["process_group_error"] = self.comm_error
+        return self.comm
+
+    def figures(self, stage: str, system: str | None = None, key: str = "token_ids"):
+        """A figure of an earlier stage (None if that stage did not run or lacks it)."""
+        got = self.stages.get(stage, {})
+        if system is not None:
+            got = got.get("systems", {}).get(system, {})
+        return got.get(key)
+
+    # ---- the stages: each returns its figures
+
+    def setup(self, _left) -> dict:
         out = {}
-        for name, (shape, dtype) in plan.models.items():
+        for name, (shape, dtype) in self.plan.models.items():
             t = time.perf_counter()
-            model = build_model(shape, getattr(torch, dtype), torch.device(dev), plan.tiny)
+            model = build_model(shape, getattr(torch, dtype), torch.device(self.dev), self.plan.tiny)
             params = sum(p.numel() for p in model.parameters())
-            model.save_pretrained(work / name)
-            word_tokenizer(shape["vocab_size"]).save_pretrained(work / name)
+            model.save_pretrained(self.dir(name))
+            word_tokenizer(shape["vocab_size"]).save_pretrained(self.dir(name))
             del model
-            free(cuda)
-            report["models"][name] = {"dtype": dtype, "shape": shape, "parameters": params, "dir": str(work / name)}
+            free(self.cuda)
+            self.report["models"][name] = {"dtype": dtype, "shape": shape, "parameters": params,
+                                           "dir": str(self.dir(name))}
             out[name] = {"build_and_save_seconds": time.perf_counter() - t}
         return out
 
-    if check.stage("setup", 0, setup)["status"] != "ok":
-        return
+    def compiled(self, model: str, left: float) -> dict:
+        """The compiled worker on `model`; sets the compile seconds per layer for later estimates."""
+        prompt_tokens, new_tokens = self.plan.compiled_tokens
+        spec = {"model_dir": str(self.dir(model)), "dtype": self.dtype(model), "device": self.dev,
+                "compile": self.compile_mode, "backend": self.backend, "lookahead": self.compiled_lookahead,
+                "new_tokens": new_tokens, "cache_slots": self.report["compiled_cache_slots"],
+                "prompts": [prompt_ids(k, prompt_tokens, self.vocab) for k in range(self.plan.compiled_job_prompts)],
+                "out": str(self.work / f"compiled-{model}.json")}
+        spec_path = self.work / f"compiled-{model}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        log = self.work / f"compiled-{model}.log"
+        timeout = None
+        try:
+            rc = run_child([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)], log, left)
+        except StageTimeout as e:
+            timeout, rc = e, None
+        out = json.loads(Path(spec["out"]).read_text()) if Path(spec["out"]).exists() else {"systems": {}}
+        systems = out["systems"]
+        loop = systems.get("greedy loop compiled", {}).get("token_ids")
+        for name, fig in systems.items():
+            if name != "greedy loop compiled":
+                fig["ids_equal_greedy_loop"] = equal_count(fig["token_ids"], loop)
+        if "lookahead compiled" in systems:
+            layers = self.plan.models[model][0]["num_hidden_layers"]
+            self.report["compile_seconds_per_layer"] = systems["lookahead compiled"]["compile_seconds"] / layers
+            self.report["compile_model"] = model
+        out["log_tail"] = tail(log)
+        if timeout is not None:
+            raise StageTimeout(timeout.reason, out)
+        if rc != 0:
+            raise StageError(f"worker exited {rc}: " + (out["log_tail"][-1] if out["log_tail"] else ""), figures=out)
+        return out
 
-    inprocess: dict[str, dict] = {}     # model -> eager figures (their ids are the references)
-    comm = None
+    def eager(self, model: str, _left) -> dict:
+        from lp.measure.cost_model import forward_curve
 
-    def eager(name):
-        def run(_left):
-            nonlocal comm
-            from lp.measure.cost_model import forward_curve
-            from lp.models import load_model
+        t = time.perf_counter()
+        loaded = self.load(model)
+        out = {"load_seconds": time.perf_counter() - t}
+        comm = self.group(out)
+        out["forward_curve"] = forward_curve(loaded.model, self.plan.prefix, self.plan.rows, self.plan.repeats)
+        prompts, new = self.inprocess_prompts(loaded), self.plan.new_tokens
+        run_generate(loaded, prompts[:1], 4, self.cuda)                      # warm-up: first CUDA calls
+        run_lookahead(loaded, prompts[:1], 4, self.gpu_lookahead, self.cuda, comm=comm)
+        gen = run_generate(loaded, prompts, new, self.cuda)
+        look = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm)
+        look["world_size"], look["backend"] = (comm.world, comm.backend) if comm else (1, "none")
+        look["ids_equal_generate"] = equal_count(look["token_ids"], gen["token_ids"])
+        look["differences_from_generate"] = first_differences(loaded.model, prompts, look["token_ids"],
+                                                              gen["token_ids"])
+        out["systems"] = {"generate eager": gen, "lookahead eager": look}
+        return out
 
-            _, dtype = plan.models[name]
-            t = time.perf_counter()
-            loaded = load_model(str(work / name), dtype=dtype, device=dev)
-            out = {"load_seconds": time.perf_counter() - t}
-            if comm is None:
-                comm = group_or_none(backend, dev, out)
-            out["forward_curve"] = forward_curve(loaded.model, plan.prefix, plan.rows, plan.repeats)
-            prompts = [loaded.tokenizer.encode(x) for x in texts[:plan.inprocess_prompts]]
-            assert all(len(p) == plan.prompt_tokens for p in prompts), "the tokenizer must give one id per word"
-            run_generate(loaded, prompts[:1], 4, cuda)                      # warm-up: first CUDA calls
-            run_lookahead(loaded, prompts[:1], 4, gpu_lookahead, cuda, comm=comm)
-            gen = run_generate(loaded, prompts, plan.new_tokens, cuda)
-            look = run_lookahead(loaded, prompts, plan.new_tokens, gpu_lookahead, cuda, comm=comm)
-            look["world_size"], look["backend"] = (comm.world, comm.backend) if comm else (1, "none")
-            look["ids_equal_generate"] = equal_count(look["token_ids"], gen["token_ids"])
-            out["systems"] = {"generate eager": gen, "lookahead eager": look}
-            inprocess[name] = out
-            del loaded
-            free(cuda)
-            return out
-        return run
+    def exact(self, model: str, _left) -> dict:
+        """float32, TF32 off: lookahead's ids against generate's, each difference explained."""
+        loaded = self.load(model, "float32")
+        prompts, new, out = self.inprocess_prompts(loaded), self.plan.new_tokens, {"dtype": "float32"}
+        comm = self.group(out)
+        with tf32_off() as settings:
+            gen = run_generate(loaded, prompts, new, self.cuda)
+            look = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm)
+            out.update(matmul=settings, ids_equal=equal_count(look["token_ids"], gen["token_ids"]),
+                       differences=first_differences(loaded.model, prompts, look["token_ids"], gen["token_ids"]))
+        out.update(saved_dtype=self.dtype(model), rounds=look["rounds"], tokens=look["tokens"],
+                   generate_token_ids=gen["token_ids"], lookahead_token_ids=look["token_ids"])
+        return out
 
-    for name in plan.models if "eager" in kinds else ():
-        check.stage(f"eager/{name}", plan.estimates["eager"], eager(name), needs=["setup"])
-    if comm is not None:
-        from lp.parallel.dist import shutdown
+    def profile(self, model: str, _left) -> dict:
+        """A few rounds of eager lookahead and of generate under torch.profiler."""
+        loaded = self.load(model)
+        out = {"activity": "cuda" if self.cuda else "cpu", "new_tokens": PROFILE_TOKENS}
+        comm = self.group(out)
+        ids = self.inprocess_prompts(loaded)[0]
+        runs = {"lookahead eager": lookahead_run(loaded, ids, PROFILE_TOKENS, self.gpu_lookahead, comm=comm),
+                "generate eager": generate_run(loaded, ids, PROFILE_TOKENS)}
+        out["systems"] = {}
+        for name, run in runs.items():
+            run()   # warm-up
+            out["systems"][name] = profile_system(run, self.cuda)
+        return out
 
-        shutdown()
-        free(cuda)
+    def job(self, model: str, left: float, compiled: bool = False, batched: bool = False) -> dict:
+        kind = "job-compiled" if compiled else "job-batched" if batched else "job"
+        stage = f"{kind}-{model}"
+        config = job_config(self.dir(model), self.dtype(model), self.dev, self.compile_mode if compiled else "off",
+                            self.backend, self.compiled_lookahead if compiled else self.gpu_lookahead, self.plan,
+                            self.prompts_path, self.work / "runs" / stage,
+                            self.plan.compiled_job_prompts if compiled else None,
+                            batch_size=self.plan.prompts if batched else 1)   # batched: every prompt at once
+        ref = None if compiled else self.figures(f"eager/{model}", "lookahead eager")
+        fig = run_job(stage, config, self.work, left, ref)
+        if batched:     # the batch-1 job's ids of the same prompts (exact at batch 1 and in batches alike)
+            fig["ids_equal_batch_one_job"] = equal_count(fig["token_ids"], self.figures(f"job/{model}"))
+        fig["ids_equal_inprocess_generate"] = equal_count(fig["token_ids"],
+                                                          self.figures(f"eager/{model}", "generate eager"))
+        return fig
 
-    def job(name, compiled, batched=False):
-        def run(left):
-            _, dtype = plan.models[name]
-            stage = f"job-compiled-{name}" if compiled else f"job-batched-{name}" if batched else f"job-{name}"
-            config = job_config(work / name, dtype, dev, compile_mode if compiled else "off", backend,
-                                compiled_lookahead if compiled else gpu_lookahead, plan, prompts_path,
-                                work / "runs" / stage, plan.compiled_job_prompts if compiled else None,
-                                batch_size=plan.prompts if batched else 1)   # batched: every prompt at once
-            ref = inprocess.get(name, {}).get("systems", {}).get("lookahead eager", {}).get("token_ids")
-            fig = run_job(stage, config, work, left, None if compiled else ref)
-            if batched:     # the batch-1 job's ids of the same prompts (exact at batch 1 and in batches alike)
-                one = check.report["stages"].get(f"job/{name}", {}).get("token_ids")
-                fig["ids_equal_batch_one_job"] = equal_count(fig["token_ids"], one)
-            gen = inprocess.get(name, {}).get("systems", {}).get("generate eager", {}).get("token_ids")
-            fig["ids_equal_inprocess_generate"] = equal_count(fig["token_ids"], gen)
-            return fig
-        return run
+    def job_batched(self, model: str, left: float) -> dict:
+        return self.job(model, left, batched=True)
 
-    for name in plan.models if "job" in kinds else ():
-        check.stage(f"job/{name}", plan.estimates["job"], job(name, False), needs=["setup"])
-    for name in plan.models if "job-batched" in kinds else ():
-        check.stage(f"job-batched/{name}", plan.estimates["job-batched"], job(name, False, batched=True),
-                    needs=["setup"])
+    def job_compiled(self, model: str, left: float) -> dict:
+        return self.job(model, left, compiled=True)
 
-    def compiled(name):
-        def run(left):
-            _, dtype = plan.models[name]
-            spec = {"model_dir": str(work / name), "dtype": dtype, "device": dev, "compile": compile_mode,
-                    "backend": backend, "lookahead": compiled_lookahead, "new_tokens": plan.new_tokens,
-                    "prompts": [prompt_ids(k, plan.prompt_tokens, vocab)
-                                for k in range(plan.compiled_job_prompts or plan.inprocess_prompts)],
-                    "out": str(work / f"compiled-{name}.json")}
-            spec_path = work / f"compiled-{name}.spec.json"
-            spec_path.write_text(json.dumps(spec))
-            log = work / f"compiled-{name}.log"
-            timeout = None
-            try:
-                rc = run_child([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)], log, left)
-            except StageTimeout as e:
-                timeout, rc = e, None
-            out = json.loads(Path(spec["out"]).read_text()) if Path(spec["out"]).exists() else {"systems": {}}
-            eager_systems = inprocess.get(name, {}).get("systems", {})
-            for fig in out["systems"].values():
-                k = len(fig["token_ids"])
-                for ref_name, key in (("generate eager", "ids_equal_generate"),
-                                      ("lookahead eager", "ids_equal_lookahead_eager")):
-                    ref = eager_systems.get(ref_name, {}).get("token_ids")
-                    fig[key] = equal_count(fig["token_ids"], ref[:k] if ref else None)
-            out["log_tail"] = tail(log)
-            if timeout is not None:
-                raise StageTimeout(timeout.reason, out)
-            if rc != 0:
-                raise StageError(f"worker exited {rc}: " + (out["log_tail"][-1] if out["log_tail"] else ""),
-                                 figures=out)
-            return out
-        return run
-
-    for name in plan.compiled_models:
-        if "job-compiled" in kinds:
-            check.stage(f"job-compiled/{name}", plan.estimates["job-compiled"], job(name, True), needs=["setup"])
-        if "compiled" in kinds:
-            check.stage(f"compiled/{name}", plan.estimates["compiled"], compiled(name), needs=["setup"])
+    def lp(self, model: str, left: float, ranks: int) -> dict:
+        """LP with `ranks` ranks on this one device (LP_SHARED_DEVICE=1, gloo), float32, the first
+        in-process prompts: its tokens against exact/<model>'s (P = 1, float32, TF32 off)."""
+        stage = f"lp-p{ranks}-{model}"
+        config = job_config(self.dir(model), "float32", self.dev, "off", "gloo", self.gpu_lookahead, self.plan,
+                            self.prompts_path, self.work / "runs" / stage, self.plan.inprocess_prompts,
+                            baseline=False)
+        fig = run_job(stage, config, self.work, left, None, procs=ranks, env={"LP_SHARED_DEVICE": "1"})
+        fig["ids_equal_p1"] = equal_count(fig["token_ids"], self.figures(f"exact/{model}", key="lookahead_token_ids"))
+        fig["ids_equal_generate_float32"] = equal_count(fig["token_ids"],
+                                                        self.figures(f"exact/{model}", key="generate_token_ids"))
+        return fig
 
 
 def free(cuda: bool) -> None:
@@ -942,14 +1284,14 @@ def _f(value, spec: str = ".2f") -> str:
 
 
 def render(report: dict) -> str:
-    la = report["lookahead"]
-    lines = [f"device {report['device']}, torch {report['torch']}, transformers {report['transformers']}, "
+    pre, la = report["preflight"], report["lookahead"]
+    lines = [f"device {pre['device']}, torch {pre['torch']}, transformers {pre['transformers']}, CUDA {pre['cuda']}, "
              f"{report['backend']}, compile {report['compile_mode']}; {report['seconds']:.0f} s of a "
-             f"{report['budget_s']:.0f} s budget",
+             f"{report['budget_s']:.0f} s budget (preflight {pre['seconds']:.0f} s)",
              f"lookahead W={la['window']} N={la['ngram']} G={la['guesses']} lookup {la['lookup_candidates']}x"
              f"{la['lookup_tokens']} (from {report['lookahead_source']}); device time: {report['device_timer']}"]
     stages = report["stages"]
-    head = (f"  {'system':<26}{'tok/s':>9}{'S':>6}{'wall ms':>9}{'dev ms':>9}{'fwd dev':>9}{'launch':>8}"
+    head = (f"  {'system':<38}{'tok/s':>9}{'S':>6}{'wall ms':>9}{'dev ms':>9}{'fwd dev':>9}{'launch':>8}"
             f"{'syncs':>7}{'=gen':>6}")
     for name, info in report["models"].items():
         lines.append(f"\n{name} ({info['dtype']}, {info.get('parameters', 0) / 1e6:.1f}M parameters)")
@@ -957,40 +1299,61 @@ def render(report: dict) -> str:
         if eager.get("status") == "ok":
             lines.append("  forward curve (rows: ms): " + ", ".join(
                 f"{p['rows']}: {1000 * p['seconds']:.2f}" for p in eager["forward_curve"]))
-        systems = dict(eager.get("systems", {}))
-        systems.update(stages.get(f"compiled/{name}", {}).get("systems", {}))
+        compiled = stages.get(f"compiled/{name}", {}).get("systems", {})
+        systems = {**eager.get("systems", {}), **compiled}
         if systems:
             lines.append(head + "   (per round; generate: per token)")
         for sys_name, f in systems.items():
             per = "round" if "rounds" in f else "forward"
-            lines.append(f"  {sys_name:<26}{_f(f['tokens_per_s'], '.1f'):>9}{_f(f.get('S')):>6}"
-                         f"{_f(f.get('wall_ms_per_' + per)):>9}{_f(f.get('device_ms_per_' + per)):>9}"
+            equal = f.get("ids_equal_generate") or f.get("ids_equal_greedy_loop") or "-"
+            lines.append(f"  {sys_name:<38}{_f(f['tokens_per_s'], '.1f'):>9}{_f(f.get('S')):>6}"
+                         f"{_f(f.get('wall_ms_per_' + per, f.get('ms_per_token'))):>9}"
+                         f"{_f(f.get('device_ms_per_' + per)):>9}"
                          f"{_f(f.get('forward_device_ms', f.get('device_ms_per_forward'))):>9}"
-                         f"{_f(f.get('forward_launch_ms')):>8}{_f(f.get('host_syncs_per_' + per)):>7}"
-                         f"{f.get('ids_equal_generate') or '-':>6}")
-        for stage in (f"job/{name}", f"job-batched/{name}", f"job-compiled/{name}"):
+                         f"{_f(f.get('forward_launch_ms')):>8}"
+                         f"{_f(f.get('host_syncs_per_' + per, f.get('host_syncs_per_token'))):>7}{equal:>6}")
+        for sys_name, f in compiled.items():
+            lines.append(f"  {'':<4}{sys_name}: compiled in {_f(f.get('compile_seconds'), '.1f')} s, "
+                         f"cache {f.get('cache_slots', f.get('max_cache_len'))} slots")
+        profiles = {**stages.get(f"profile/{name}", {}).get("systems", {}),
+                    **{k: f["profile"] for k, f in compiled.items() if "profile" in f}}
+        for sys_name, f in profiles.items():
+            lines.append(f"  profile {sys_name}: {_f(f['kernels_per_round'], '.0f')} kernels, "
+                         f"{_f(f['kernel_ms_per_round'])} kernel ms, {_f(f['wall_ms_per_round'])} wall ms per round "
+                         f"(busy {_f(f['kernel_busy'])})")
+        exact = stages.get(f"exact/{name}", {})
+        if exact.get("status") == "ok":
+            lines.append(f"  exact (float32, TF32 off): ids = generate {exact['ids_equal']}" + "".join(
+                f"; prompt {d['prompt']} differs at {d['position']} (top-2 margin {d['reference_top2_margin']:.3g})"
+                for d in exact["differences"]))
+        for stage in (f"job/{name}", f"job-batched/{name}", f"job-compiled/{name}", f"lp-p2/{name}", f"lp-p4/{name}"):
             s = stages.get(stage)
             if s and s.get("status") == "ok":
-                m, after = s["summary"], "after the first prompt"
-                lines.append(
-                    f"  {stage.split('/')[0]} (torchrun, world {m['world_size']}, {m['backend']}, compile "
-                    f"{s['config']['model']['compile']}): {m['prompts']} prompts, "
-                    f"{_f(m['tokens_per_second'], '.1f')} tok/s ({_f(s.get('tokens_per_second_after_first'), '.1f')} "
-                    f"{after}), S {_f(m['compression'])}, ids = baseline {s['ids_equal_baseline'] or '-'}; job "
-                    f"{_f(m.get('job_tokens_per_second'), '.1f')} tok/s over wall, {_f(m.get('mean_batch'))} requests "
-                    f"and {_f(m.get('rows_per_forward'), '.1f')} rows per forward"
-                    + (f", ids = batch-1 job {s['ids_equal_batch_one_job']}" if "ids_equal_batch_one_job" in s else ""))
-                lines.append(
-                    f"  {'':<4}generate baseline {_f(m.get('baseline_tokens_per_second'), '.1f')} tok/s "
-                    f"({_f(s.get('baseline_tokens_per_second_after_first'), '.1f')}), speedup {_f(m.get('speedup'))}x; "
-                    f"per round {_f(m['collectives_per_round'], '.1f')} collectives, "
-                    f"{_f(m['bytes_per_round'], '.0f')} bytes, {_f(m['host_ms_per_round'])} host ms, "
-                    f"{_f(m['rows_per_round'], '.1f')} rows")
+                lines += _job_lines(stage, s)
     bad = {k: v for k, v in stages.items() if v.get("status") != "ok"}
     if bad:
         lines.append("\nnot run to the end:")
         lines += [f"  {k}: {v['status']} ({v.get('reason')})" for k, v in bad.items()]
     return "\n".join(lines)
+
+
+def _job_lines(stage: str, s: dict) -> list[str]:
+    m = s["summary"]
+    lines = [f"  {stage.split('/')[0]} (torchrun, world {m['world_size']}, {m['backend']}, compile "
+             f"{s['config']['model']['compile']}): {m['prompts']} prompts, "
+             f"{_f(m['tokens_per_second'], '.1f')} tok/s ({_f(s.get('tokens_per_second_after_first'), '.1f')} "
+             f"after the first prompt), S {_f(m['compression'])}, ids = baseline {s['ids_equal_baseline'] or '-'}; "
+             f"job {_f(m.get('job_tokens_per_second'), '.1f')} tok/s over wall, {_f(m.get('mean_batch'))} requests "
+             f"and {_f(m.get('rows_per_forward'), '.1f')} rows per forward"
+             + (f", ids = batch-1 job {s['ids_equal_batch_one_job']}" if "ids_equal_batch_one_job" in s else "")
+             + (f", ids = P=1 (float32) {s['ids_equal_p1']}" if "ids_equal_p1" in s else "")]
+    if s["config"]["baseline"]["enabled"]:
+        lines.append(f"  {'':<4}generate baseline {_f(m.get('baseline_tokens_per_second'), '.1f')} tok/s "
+                     f"({_f(s.get('baseline_tokens_per_second_after_first'), '.1f')}), speedup {_f(m.get('speedup'))}x; "
+                     f"per round {_f(m['collectives_per_round'], '.1f')} collectives, "
+                     f"{_f(m['bytes_per_round'], '.0f')} bytes, {_f(m['host_ms_per_round'])} host ms, "
+                     f"{_f(m['rows_per_round'], '.1f')} rows")
+    return lines
 
 
 if __name__ == "__main__":

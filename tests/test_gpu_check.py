@@ -1,7 +1,10 @@
-"""The device check (scripts/gpu_check.sh) with --small on the CPU: every stage of the GPU run in
-miniature (saved models and tokenizer, in-process eager decoding, the torchrun jobs with gloo, the
-compiled job and the compiled worker), its JSON's structure and the values a CPU run can check.
-Plus its time guard and its sync counting, which a CPU run never triggers, as units."""
+"""The device check (scripts/gpu_check.sh) with --small on the CPU: its preflight and every kind
+of stage of the GPU run in miniature (saved models and tokenizer, the compiled worker with
+transformers' static-cache generate, in-process eager, float32 exactness and profiling, the torchrun
+jobs with gloo, LP with 2 and 4 ranks on one device, the batched and the compiled job), its JSON's
+structure and the values a CPU run can check. Plus, as units: its time guard, the preflight's
+failure, the cache lengths of both plans, the first-difference report, TF32 off and sync counting,
+which a CPU run never triggers."""
 import importlib.util
 import json
 import subprocess
@@ -11,11 +14,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["setup", "eager/tiny-llama", "eager/tiny-smol", "job/tiny-llama", "job/tiny-smol",
-          "job-batched/tiny-llama", "job-batched/tiny-smol", "job-compiled/tiny-smol", "compiled/tiny-smol"]
+STAGES = ["setup", "compiled/tiny-smol", "eager/tiny-llama", "eager/tiny-smol", "job/tiny-llama", "job/tiny-smol",
+          "exact/tiny-llama", "exact/tiny-smol", "profile/tiny-llama", "lp-p2/tiny-smol", "lp-p4/tiny-smol",
+          "job-batched/tiny-smol", "job-compiled/tiny-smol"]
 
 
 def _module():
@@ -30,27 +35,71 @@ def _module():
 def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu_check")
     out = tmp / "check.json"
+    t = time.perf_counter()
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--small", "--device", "cpu",
                            "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "job (torchrun, world 1, gloo" in proc.stdout       # the printed summary
+    assert time.perf_counter() - t < 120, "the smoke run must stay under 2 minutes"
+    assert "job (torchrun, world 1, gloo" in proc.stdout and "lp-p4 (torchrun, world 4, gloo" in proc.stdout
     return json.loads(out.read_text())
 
 
 def test_every_stage_ran(report):
-    assert list(report["stages"]) == STAGES
+    assert list(report["stages"]) == STAGES and report["plan"] == STAGES[1:]
     assert {k: v["status"] for k, v in report["stages"].items()} == {k: "ok" for k in STAGES}
-    assert report["device"] == "cpu" and report["backend"] == "gloo" and report["compile_mode"] == "default"
+    assert report["backend"] == "gloo" and report["compile_mode"] == "default"
     assert "not applicable" in report["host_syncs"]
-    assert report["seconds"] < report["budget_s"]
+    assert report["seconds"] < report["budget_s"] and report["hard_stop_s"] <= 480   # 8 minutes
     gpu = yaml.safe_load((ROOT / "configs" / "codellama-7b-humaneval.yaml").read_text())["lookahead"]
     assert {k: report["lookahead"][k] for k in gpu} == gpu   # the shipped GPU setting
     assert {m: v["dtype"] for m, v in report["models"].items()} == {"tiny-llama": "float16", "tiny-smol": "float32"}
+    for name, stage in report["stages"].items():     # every stage says what it was allowed and took
+        assert stage["estimate_basis"] and stage["seconds"] > 0 and stage["seconds"] <= stage["allowed_s"], name
+
+
+def test_preflight(report):
+    pre = report["preflight"]
+    assert pre["ok"] and pre["device"] == "cpu" and pre["torch"] == torch.__version__ and pre["cuda"] is None
+    assert pre["cache"] == {"layers": 2, "slots": 256, "key_shape": [1, 2, 256, 16], "dtype": "torch.float32",
+                            "device": "cpu"}
+    eager, compiled = pre["lookahead off"], pre["lookahead default"]
+    assert len(eager["token_ids"]) == 4 and eager["rounds"] >= 1 and pre["ids_equal"]
+    assert compiled["token_ids"] == eager["token_ids"] and compiled["seconds"] > eager["seconds"]   # it compiled
+    assert pre["seconds"] < 60
+
+
+def test_compiled_stage(report):
+    stage = report["stages"]["compiled/tiny-smol"]
+    assert stage["compile_mode"] == "default"
+    systems = stage["systems"]
+    look, loop = systems["lookahead compiled"], systems["greedy loop compiled"]
+    static = systems["transformers static generate compiled"]
+    assert look["lookahead"] == report["compiled_lookahead"] and look["collectives_per_round"] == 2
+    assert loop["lookahead"]["window"] == 0 and loop["lookahead"]["guesses"] == 0 and loop["collectives_per_round"] == 0
+    # one cache length for all three, as compiled_cache_slots says
+    assert look["cache_slots"] == loop["cache_slots"] == static["max_cache_len"] == 256
+    assert report["compiled_cache_slots"] == {"lookahead compiled": 256, "greedy loop compiled": 256}
+    # float32: compiled lookahead, the compiled greedy loop and transformers' compiled generate agree
+    assert look["token_ids"] == loop["token_ids"] == static["token_ids"]
+    assert look["ids_equal_greedy_loop"] == static["ids_equal_greedy_loop"] == "1/1"
+    new = report["workload"]["compiled_tokens"][1]
+    assert look["tokens"] == loop["tokens"] == static["tokens"] == new
+    assert look["compile_seconds"] > 0 and static["compile_seconds"] > 0 and static["ms_per_token"] > 0
+    for fig in (look, loop):
+        p = fig["profile"]
+        assert p["kernels_per_round"] > 1 and 0 < p["kernel_ms_per_round"] and 0 < p["kernel_busy"] < 1.5
+    # its compile time per layer budgets the compiled job
+    layers = report["models"]["tiny-smol"]["shape"]["num_hidden_layers"]
+    assert report["compile_model"] == "tiny-smol"
+    assert report["compile_seconds_per_layer"] == pytest.approx(look["compile_seconds"] / layers)
+    job = report["stages"]["job-compiled/tiny-smol"]
+    assert job["estimate_s"] == pytest.approx(20 + report["compile_seconds_per_layer"] * layers)
+    assert "per layer" in job["estimate_basis"]
 
 
 def test_eager_stage(report):
     new, k = report["workload"]["new_tokens"], report["workload"]["inprocess_prompts"]
-    for model in report["models"]:
+    for model in ("tiny-llama", "tiny-smol"):
         stage = report["stages"][f"eager/{model}"]
         assert [p["rows"] for p in stage["forward_curve"]] == [1, 2, 4, 8, 16]
         assert all(p["seconds"] > 0 for p in stage["forward_curve"])
@@ -60,9 +109,49 @@ def test_eager_stage(report):
         assert 0 < look["forward_device_ms"] <= look["device_ms_per_round"] and look["wall_ms_per_round"] > 0
         assert gen["device_ms_per_forward"] > 0 and look["rounds"] <= look["tokens"]
         assert gen["host_syncs"] is None and look["host_syncs_per_round"] is None   # CPU: not applicable
+        assert "device_busy" not in look     # event spans are no busy time: the profile stage measures that
     smol = report["stages"]["eager/tiny-smol"]["systems"]          # float32: exact
     assert smol["lookahead eager"]["token_ids"] == smol["generate eager"]["token_ids"]
     assert smol["lookahead eager"]["ids_equal_generate"] == f"{k}/{k}"
+    assert smol["lookahead eager"]["differences_from_generate"] == []
+
+
+def test_exact_stage(report):
+    k, new = report["workload"]["inprocess_prompts"], report["workload"]["new_tokens"]
+    for model, saved in (("tiny-llama", "float16"), ("tiny-smol", "float32")):
+        stage = report["stages"][f"exact/{model}"]
+        assert stage["dtype"] == "float32" and stage["saved_dtype"] == saved
+        assert stage["matmul"] == {"matmul_allow_tf32": False, "cudnn_allow_tf32": False,
+                                   "float32_matmul_precision": "highest"}
+        assert stage["ids_equal"] == f"{k}/{k}" and stage["differences"] == []
+        assert stage["lookahead_token_ids"] == stage["generate_token_ids"]
+        assert [len(ids) for ids in stage["lookahead_token_ids"]] == [new] * k and stage["rounds"] <= k * new
+
+
+def test_profile_stage(report):
+    stage = report["stages"]["profile/tiny-llama"]
+    assert stage["activity"] == "cpu" and stage["new_tokens"] == report["workload"]["profile_tokens"]
+    look, gen = stage["systems"]["lookahead eager"], stage["systems"]["generate eager"]
+    assert gen["rounds"] == stage["new_tokens"] and 1 <= look["rounds"] <= stage["new_tokens"]
+    for fig in (look, gen):
+        assert fig["kernels_per_round"] > 10 and fig["wall_ms_per_round"] > 0
+        assert 0 < fig["kernel_ms_per_round"] and fig["kernel_busy"] == pytest.approx(
+            fig["kernel_ms_per_round"] / fig["wall_ms_per_round"])
+    assert look["kernels_per_round"] > gen["kernels_per_round"]     # a round does more than a forward
+
+
+def test_lp_on_one_device(report):
+    """P = 2 and 4, every rank on the one device with gloo: the tokens of P = 1 (exact/, float32)."""
+    k = report["workload"]["inprocess_prompts"]
+    exact = report["stages"]["exact/tiny-smol"]
+    for ranks in (2, 4):
+        job = report["stages"][f"lp-p{ranks}/tiny-smol"]
+        s = job["summary"]
+        assert f"--nproc-per-node {ranks} -m lp.run" in job["command"] and job["env"] == {"LP_SHARED_DEVICE": "1"}
+        assert (s["world_size"], s["backend"], s["prompts"], s["errors"]) == (ranks, "gloo", k, 0)
+        assert job["config"]["model"]["dtype"] == "float32" and job["config"]["lookahead"] == report["lookahead"]
+        assert job["token_ids"] == exact["lookahead_token_ids"] and job["ids_equal_p1"] == f"{k}/{k}"
+        assert job["ids_equal_generate_float32"] == f"{k}/{k}"
 
 
 def test_torchrun_jobs(report):
@@ -91,27 +180,66 @@ def test_torchrun_jobs(report):
 def test_batched_job_stage(report):
     """Every prompt in one batch through the job path: the batch-1 job's ids in float32, rounds packed."""
     w = report["workload"]
-    for model in report["models"]:
-        job = report["stages"][f"job-batched/{model}"]
-        s = job["summary"]
-        assert job["config"]["generation"]["batch_size"] == w["prompts"] and not job["config"]["baseline"]["enabled"]
-        assert s["prompts"] == w["prompts"] and s["errors"] == 0 and s["mean_batch"] > 1
-    assert report["stages"]["job-batched/tiny-smol"]["ids_equal_batch_one_job"] == f"{w['prompts']}/{w['prompts']}"
+    job = report["stages"]["job-batched/tiny-smol"]
+    s = job["summary"]
+    assert job["config"]["generation"]["batch_size"] == w["prompts"] and not job["config"]["baseline"]["enabled"]
+    assert s["prompts"] == w["prompts"] and s["errors"] == 0 and s["mean_batch"] > 1
+    assert job["ids_equal_batch_one_job"] == f"{w['prompts']}/{w['prompts']}"
 
 
-def test_compiled_stage(report):
-    stage = report["stages"]["compiled/tiny-smol"]
-    assert stage["compile_mode"] == "default"
-    look, loop = stage["systems"]["lookahead compiled"], stage["systems"]["greedy loop compiled"]
-    assert look["lookahead"] == report["compiled_lookahead"] and look["collectives_per_round"] == 2
-    assert loop["lookahead"]["window"] == 0 and loop["lookahead"]["guesses"] == 0 and loop["collectives_per_round"] == 0
-    eager = report["stages"]["eager/tiny-smol"]["systems"]
-    # greedy lookahead eager == compiled == autoregressive, and the compiled greedy loop too
-    assert look["token_ids"] == loop["token_ids"] == eager["generate eager"]["token_ids"][:1] \
-        == eager["lookahead eager"]["token_ids"][:1]
-    assert look["ids_equal_generate"] == loop["ids_equal_lookahead_eager"] == "1/1"
-    assert look["warmup_seconds"] > 0 and look["device_ms_per_round"] > 0
-    assert look["tokens"] == loop["tokens"] == report["workload"]["new_tokens"]
+def test_both_plans_give_both_compiled_systems_one_cache_length():
+    gcheck = _module()
+    from lp.jobs.config import load_config
+
+    gpu = __import__("dataclasses").asdict(load_config(ROOT / "configs" / "codellama-7b-humaneval.yaml").lookahead)
+    assert gcheck.compiled_cache_slots(gcheck.FULL, gpu) == {"lookahead compiled": 1024, "greedy loop compiled": 1024}
+    assert gcheck.compiled_cache_slots(gcheck.SMALL, gcheck.SMALL.compiled_lookahead) == {
+        "lookahead compiled": 256, "greedy loop compiled": 256}
+    # what the old workload gave: 1024 slots for lookahead, 512 for the greedy loop
+    old = __import__("dataclasses").replace(gcheck.FULL, compiled_tokens=(96, 156))
+    assert gcheck.compiled_cache_slots(old, gpu) == {"lookahead compiled": 1024, "greedy loop compiled": 512}
+    assert all(kind in gcheck.FULL.floors for kind, *_ in gcheck.FULL.stages)
+
+
+def test_first_differences_gives_position_and_margin():
+    gcheck = _module()
+    model = gcheck.build_model(gcheck.SMALL_SHAPES["tiny-smol"], torch.float32, torch.device("cpu"), tiny=True)
+    prompt = gcheck.prompt_ids(0, 6, 384)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, 6:].tolist()
+    other = ref[:3] + [(ref[3] + 1) % 384] + ref[4:]
+    (diff,) = gcheck.first_differences(model, [prompt, prompt], [ref, other], [ref, ref])
+    with torch.no_grad():
+        top = model(torch.tensor([prompt + ref[:3]])).logits[0, -1].topk(2)
+    assert (diff["prompt"], diff["position"], diff["reference_token"], diff["token"]) == (1, 3, ref[3], other[3])
+    assert diff["reference_top2"][0] == ref[3] and diff["reference_top2_margin"] == pytest.approx(
+        (top.values[0] - top.values[1]).item()) and diff["reference_top2_margin"] >= 0
+
+
+def test_tf32_off_is_restored():
+    gcheck = _module()
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with gcheck.tf32_off() as settings:
+            assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32
+        assert settings["float32_matmul_precision"] == "highest" and not settings["cudnn_allow_tf32"]
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
+def test_failed_preflight_stops_with_one_line(tmp_path):
+    out = tmp_path / "r.json"
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'scripts')!r}]; import gpu_check as g; "
+            f"g.preflight = lambda *a: 1 / 0; "
+            f"g.main(['--small', '--device', 'cpu', '--out', {str(out)!r}])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "gpu_check: preflight failed, nothing else run: ZeroDivisionError" in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["preflight"]["ok"] is False and "ZeroDivisionError" in report["preflight"]["error"]
+    assert report["stages"] == {}
 
 
 def test_time_guard_skips_and_stops(tmp_path):

@@ -12,6 +12,10 @@ exactly two tensor collectives per round:
   payload on the main group (NCCL on GPUs). Reading the result on the host is
   the round's one device-to-host sync. torch 2.13 renamed the call
   `all_gather_single` (the old name warns); we use whichever this torch has.
+
+Rank k uses cuda:LOCAL_RANK (one GPU per rank). For tests only, `LP_SHARED_DEVICE=1` puts every
+rank on cuda:0 with gloo (NCCL refuses two ranks on one device), so LP with several ranks can be
+checked on one GPU; without it a rank whose GPU is not there is refused.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-
+SHARED_DEVICE_ENV = "LP_SHARED_DEVICE"
 
 def mesh(world: int, lp_size: int | None) -> list[list[int]]:
     """The global ranks of each LP group of a dp x lp mesh: [[0..lp-1], [lp..2lp-1], ...]
@@ -126,11 +130,21 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     """A Comm from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*),
     or the one-worker Comm when not launched by torchrun. With `lp_size` < the world size,
     the Comm of this rank's LP group of the dp x lp mesh."""
+    shared = shared_device()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1 and "MASTER_ADDR" not in os.environ:
-        return Comm(device=_device(device, 0))
+        return Comm(device=rank_device(device, 0, shared))
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = _device(device, local)
+    dev = rank_device(device, local, shared)
+    if shared:
+        if backend == "nccl":
+            raise ValueError(f"{SHARED_DEVICE_ENV}=1 puts every rank on {dev}, and NCCL refuses two ranks on one "
+                             f"device: use distributed.backend gloo or auto")
+        backend = "gloo"
+    elif dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"LOCAL_RANK {local} uses {dev}, but {torch.cuda.device_count()} CUDA device(s) are "
+                         f"visible: one GPU per rank ({SHARED_DEVICE_ENV}=1, for tests only, puts every rank on "
+                         f"cuda:0 with gloo)")
     if backend == "auto":
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
@@ -160,9 +174,22 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _device(device: str, local_rank: int) -> torch.device:
+def shared_device() -> bool:
+    """Whether every rank shares one device: LP_SHARED_DEVICE=1 (tests of LP with several ranks on
+    one GPU); unset or 0: one GPU per rank. Any other value is refused."""
+    value = os.environ.get(SHARED_DEVICE_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{SHARED_DEVICE_ENV}={value!r}: 1 puts every rank on one device with gloo (for tests "
+                         f"only); leave it unset (or 0) for one GPU per rank")
+    return value == "1"
+
+
+def rank_device(device: str, local_rank: int, shared: bool = False) -> torch.device:
+    """The device of the rank with `local_rank` for the configured `device` (auto, cuda, cpu,
+    ...): cuda:LOCAL_RANK, or cuda:0 for every rank when `shared`."""
+    index = 0 if shared else local_rank
     if device == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device(f"cuda:{index}") if torch.cuda.is_available() else torch.device("cpu")
     if device == "cuda":
-        return torch.device(f"cuda:{local_rank}")
+        return torch.device(f"cuda:{index}")
     return torch.device(device)
