@@ -26,12 +26,13 @@ is in round order and its query side in fed order.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from lp.decode.kv_cache import RoundCache, forward_logits
-from lp.decode.layout import FUTURE, bucket, pad_numbers, round_mask
+from lp.decode.layout import FUTURE, bucket, round_mask
 from lp.decode.request import RoundPlan
 from lp.decode.verify import node_frame
 
@@ -71,25 +72,25 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
     out: dict[str, list[int]] = {name: [] for name in names}
     for plan, past, row in zip(plans, pasts, rows):
         rnd = plan.rnd
-        pads = q - len(rnd)
-        numbers = pad_numbers(rnd, pads)
-        spare = iter(range(len(rnd), q))                     # PAD rows' round indices, in fed order
+        size, pads = len(rnd), q - len(rnd)
+        spare = iter(range(size, q))                         # PAD rows' round indices, in fed order
         pad = lambda count: [next(spare) for _ in range(count)]  # noqa: E731
         logit = set(rnd.logit_rows)
-        head = [i for i in range(len(rnd)) if i not in logit]
+        head = [i for i in range(size) if i not in logit]
         order = (head + pad(q - len(head) - deep - 1 - nodes) + rnd.deep_rows + pad(deep - len(rnd.deep_rows))
                  + [rnd.last_ordinary] + rnd.node_rows)
         order += pad(q - len(order))
-        real = rnd.rows
-        last_pos = real[-1].pos
-        pre_of = [r.pre for r in real] + [p for p, _ in numbers]
-        end_of = [r.end for r in real] + [e for _, e in numbers]
-        pos_of = [r.pos for r in real] + [last_pos] * pads
-        out["ids"] += [real[i].token if i < len(rnd) else 0 for i in order]
-        out["pos"] += [pos_of[i] for i in order]
+        _, tok_of, pos_of, *_, pre_of, end_of = (list(column) for column in zip(*rnd.rows))
+        tok_of += [0] * pads
+        pos_of += [pos_of[-1]] * pads
+        pre_of += range(size + 1, q + 1)                     # PAD rows: one-node trees after the forest
+        end_of += range(size + 2, q + 2)
+        fed = itemgetter(*order) if q > 1 else lambda values: [values[order[0]]]   # in fed order
+        out["ids"] += fed(tok_of)
+        out["pos"] += fed(pos_of)
+        out["pre"] += fed(pre_of)
         out["slot"] += [past + i for i in order]
-        out["pre"] += [pre_of[i] for i in order]
-        out["keys"] += ([0, *pre_of, FUTURE] + [len(rnd) + 1, *end_of, FUTURE] + [0, *pos_of, 0])
+        out["keys"] += [0, *pre_of, FUTURE, size + 1, *end_of, FUTURE, 0, *pos_of, 0]
         out["origin"].append(past - 1)
         out["rows"].append(row)
         frame = node_frame(plan.tree, plan.nodes, nodes, width)
@@ -97,8 +98,8 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
             out[name] += frame[name]
         out["nslot"] += [past + i for i in order[q - nodes:]]
         frontier = past + rnd.last_ordinary + 1
-        out["dst"] += [frontier + s for s in range(width)] + [0]
-        out["meta"] += [plan.nodes.start, len(rnd.deep_rows), len(rnd)]
+        out["dst"] += [*range(frontier, frontier + width), 0]
+        out["meta"] += [plan.nodes.start, len(rnd.deep_rows), size]
     return out, Packed(q, k, deep, nodes)
 
 

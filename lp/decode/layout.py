@@ -87,44 +87,38 @@ def build_round(
     cols = columns if columns is not None else range(width)
     end = min(cols.stop, width) if cols.start < cols.stop else 0   # an empty block feeds no window rows
     tree_nodes = nodes if nodes is not None else range(len(tree))
-    chain = lambda j: depth - 1 if cols.start <= j < end else 0  # noqa: E731  (column j's deep cells here)
+    block = range(cols.start, end)                  # the columns whose deep cells are fed here
+    chain = depth - 1                               # deep cells per fed column
     # forest preorder: prefix 0, ordinary 1..k, the tree's nodes, column 0's chain, then b_1, its
     # column's chain, b_2, ... (each base cell's subtree runs to the end of the window)
-    first_window = k + 1 + len(tree_nodes)
-    segment = {0: first_window}                     # preorder number of b_j (j >= 1; 0: column 0's chain)
-    for j in range(1, end):
-        segment[j] = segment[j - 1] + chain(j - 1) + (j > 1)
-    stop = 1 + k + len(tree_nodes) + sum(chain(j) for j in range(end)) + max(end - 1, 0)  # 1 + rows
-    rows = [Row(ORDINARY, tok, position - k + 1 + i, off=i, pre=1 + i, end=stop) for i, tok in enumerate(ordinary)]
+    top = [0] * max(end, 1)                         # preorder number of column j's first deep cell
+    base = k + 1 + len(tree_nodes)                  # ...and of b_j, top[j] - 1 (j >= 1)
+    for j in range(end):
+        top[j] = base + (j > 0)
+        base = top[j] + (chain if j in block else 0)
+    stop = base                                     # 1 + the round's rows: every real row's subtree end
+    rows = [Row(ORDINARY, tok, position - k + 1 + i, 0, 0, -1, i, -1, 1 + i, stop) for i, tok in enumerate(ordinary)]
     last = k - 1
-
-    def deep_cell(r: int, j: int) -> Row:
-        top = segment[j] + (j > 0)                  # the chain's first cell
-        return Row(DEEP, levels[r][j], position + j + r, r, j, pre=top + r - 1, end=top + chain(j))
 
     deep_rows: list[int] = []
     base_index = {0: last}
     for j in range(1, end):
         base_index[j] = len(rows)
-        rows.append(Row(BASE, levels[0][j - 1], position + j, 0, j, pre=segment[j], end=stop))
+        rows.append(Row(BASE, levels[0][j - 1], position + j, 0, j, -1, 0, -1, top[j] - 1, stop))
     if depth == 1:
         deep_rows = [base_index[j] for j in range(max(cols.start, 1), end)]
     for r in range(1, depth):
-        for j in range(cols.start, end):
-            if r == depth - 1:
-                deep_rows.append(len(rows))
-            rows.append(deep_cell(r, j))
+        if r == depth - 1:
+            deep_rows = list(range(len(rows), len(rows) + len(block)))
+        rows += [Row(DEEP, levels[r][j], position + j + r, r, j, -1, 0, -1, top[j] + r - 1, top[j] + chain)
+                 for j in block]
 
-    row_of: dict[int, int] = {}
-    ends = tree.subtree_ends()
-    first = tree_nodes.start if len(tree_nodes) else 0
-    for u in tree_nodes:    # whole root subtrees, in preorder
-        row_of[u] = len(rows)
-        parent = tree.parents[u]
-        rows.append(Row(TREE, tree.tokens[u], position + tree.depths[u], node=u, off=tree.depths[u] - 1,
-                        parent=row_of[parent] if parent >= 0 else -1, pre=k + 1 + u - first,
-                        end=k + 1 + ends[u] - first))
-    node_rows = list(row_of.values())
+    first, at = tree_nodes.start, len(rows)         # node u is row at + u - first
+    ends, parents, depths, tokens = tree.subtree_ends(), tree.parents, tree.depths, tree.tokens
+    rows += [Row(TREE, tokens[u], position + depths[u], 0, 0, u, depths[u] - 1,
+                 at + parents[u] - first if parents[u] >= 0 else -1, k + 1 + u - first, k + 1 + ends[u] - first)
+             for u in tree_nodes]                   # whole root subtrees, in preorder
+    node_rows = list(range(at, len(rows)))
 
     # ordinary rows come first, then the window, then the tree: this list is sorted, and the
     # logits come back as [x_t's row, the deepest level's cells, the tree's nodes]
@@ -135,12 +129,6 @@ def bucket(rows: int) -> int:
     """The fixed size a round of `rows` rows is padded to when rounds are compiled: a power of
     two from 8 up, so a job sees a handful of shapes."""
     return max(8, 1 << (rows - 1).bit_length())
-
-
-def pad_numbers(rnd: Round, pads: int) -> list[tuple[int, int]]:
-    """(pre, end) of `pads` PAD rows after the round: one-node trees past the forest."""
-    first = len(rnd) + 1
-    return [(first + p, first + p + 1) for p in range(pads)]
 
 
 def visibility(rows: Sequence[Row], pads: int = 0) -> torch.Tensor:

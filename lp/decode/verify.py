@@ -23,17 +23,13 @@ def node_frame(tree: TokenTree, nodes: range, size: int, width: int) -> dict[str
     prediction), "par" (the parent's index in [z*, nodes...]: 0 for a child of the root), "depth"
     (0: PAD), "step" (depth - 1: the payload slot it emits into; PAD: `width`, a spare) and
     "end" (the local index just past its subtree: j is i's ancestor or i when j <= i < end(j))."""
-    first, ends = nodes.start, tree.subtree_ends()
-    frame: dict[str, list[int]] = {"tok": [], "par": [], "depth": [], "step": [], "end": []}
-    for u in nodes:
-        parent = tree.parents[u]
-        for name, value in zip(frame, (tree.tokens[u], parent - first + 1 if parent >= 0 else 0, tree.depths[u],
-                                       tree.depths[u] - 1, ends[u] - first)):
-            frame[name].append(value)
-    for j in range(len(nodes), size):
-        for name, value in zip(frame, (-1, 0, 0, width, j + 1)):
-            frame[name].append(value)
-    return frame
+    first, stop, pads = nodes.start, nodes.stop, size - len(nodes)
+    depths = tree.depths[first:stop]
+    return {"tok": [*tree.tokens[first:stop], *[-1] * pads],
+            "par": [p - first + 1 if p >= 0 else 0 for p in tree.parents[first:stop]] + [0] * pads,
+            "depth": [*depths, *[0] * pads],
+            "step": [d - 1 for d in depths] + [width] * pads,
+            "end": [e - first for e in tree.subtree_ends()[first:stop]] + list(range(len(nodes) + 1, size + 1))}
 
 
 def frame_ancestors(end: torch.Tensor) -> torch.Tensor:

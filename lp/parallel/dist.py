@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 SHARED_DEVICE_ENV = "LP_SHARED_DEVICE"
 
+
 def mesh(world: int, lp_size: int | None) -> list[list[int]]:
     """The global ranks of each LP group of a dp x lp mesh: [[0..lp-1], [lp..2lp-1], ...]
     (`lp_size` None: one group of the whole world)."""
