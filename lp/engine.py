@@ -226,11 +226,13 @@ class Rounds:
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
         span = attended(max(s.cached for s in states) + shape.q, cache.length, self.compiled is not None)
-        logits, seen = forward_round(self.model, dev, n, shape, states[0].row, cache, self.kinds, self.compiled, span)
+        logits, seen, slots = forward_round(self.model, dev, n, shape, states[0].row, cache, self.kinds, self.compiled,
+                                            span)
         frame = logits[:, shape.k - shape.frame:]        # [n, D + 1 + N, V]: deep frame, z*'s row, node frame
         predicted = frame.argmax(-1)                     # the window stays greedy whatever the sampling
-        v = {name: dev[name].view(n, -1) for name in ("tok", "par", "depth", "step", "nslot", "dst", "meta", "rows")}
+        v = {name: dev[name].view(n, -1) for name in ("tok", "par", "depth", "step", "dst", "meta", "rows")}
         nodes = shape.nodes
+        v["nslot"] = slots[:, shape.q - nodes:]         # the node frame's cache slots
         if nodes or self.warp is not None:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
             first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame, predicted, ancestors)

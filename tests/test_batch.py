@@ -86,7 +86,7 @@ def test_packed_round_logits_equal_each_round_alone():
     def run(plans, pasts, first_row, cache):
         """Each request's logits in its round's logit order: z*'s row, the deep cells, the nodes."""
         sections, shape = pack_round(plans, pasts, list(range(first_row, first_row + len(plans))), 4)
-        logits, _ = forward_round(model, up.send(sections), len(plans), shape, first_row, cache)
+        logits, *_ = forward_round(model, up.send(sections), len(plans), shape, first_row, cache)
         frame, d = logits[:, shape.k - shape.frame:], shape.deep
         return [torch.cat([frame[i, d:d + 1], frame[i, :len(p.rnd.deep_rows)], frame[i, d + 1:d + 1 + len(p.nodes)]])
                 for i, p in enumerate(plans)]

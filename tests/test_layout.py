@@ -146,7 +146,7 @@ def packed_logits(model, rnd, tree, past, cache, pad_to=None):
     the logits of `rnd.logit_rows`, in that order."""
     plan = RoundPlan(rnd, tree, range(len(tree)))
     sections, shape = pack_round([plan], [past], [0], 4, fit=lambda q: pad_to or q)
-    logits, _ = forward_round(model, Uploader("cpu").send(sections), 1, shape, 0, cache)
+    logits, *_ = forward_round(model, Uploader("cpu").send(sections), 1, shape, 0, cache)
     frame, d = logits[0, shape.k - shape.frame:], shape.deep
     return torch.cat([frame[d:d + 1], frame[:len(rnd.deep_rows)], frame[d + 1:d + 1 + len(tree)]])
 
@@ -195,10 +195,10 @@ def test_padding_rows_see_only_themselves():
     dev = Uploader("cpu").send(sections)
     cache = RoundCache(tiny_cache_model(), 64)
     from lp.decode.layout import round_mask
-    mask = round_mask(dev["pre"].view(1, -1), dev["keys"], dev["origin"].view(1, 1), 64, torch.float64)
+    mask = round_mask(dev["pre"].view(1, -1), dev["keys"], dev["past"].view(1, 1), 64, torch.float64)
     seen = (mask.attention[0, 0] == 0)
     assert (seen == mask.seen[0]).all() and shape.q == q + 3 and cache.length == 64
-    slot = sections["slot"]                            # fed row i -> its cache slot
+    slot = [5 + i for i in sections["order"]]          # fed row i -> its cache slot
     fed = [s - 5 for s in slot]                        # ...its index in the round (PAD: >= q)
     vis = visibility(rnd.rows, pads=3)
     for i, r in enumerate(fed):

@@ -24,7 +24,7 @@ def verdicts(cases, width=4):
     predictions by node, this rank's nodes) in a node frame padded to the widest; per case
     (head [z*, hits, node], emitted after z*, the payload slot of each node)."""
     size = max(len(nodes) for _, _, _, nodes in cases)
-    frames = [node_frame(tree, nodes, size, width) for tree, _, _, nodes in cases]
+    frames = [node_frame(tree, nodes, size, width, ends=True) for tree, _, _, nodes in cases]
     field = lambda name: T([f[name] for f in frames]).view(len(cases), size)  # noqa: E731
     preds = T([[z] + [p[u] for u in nodes] + [0] * (size - len(nodes)) for _, z, p, nodes in cases])
     off_path = node_mismatch(preds, field("tok"), field("par"), frame_ancestors(field("end")))

@@ -56,65 +56,68 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
     committed cache slots, `rows` their cache rows, `width` the deepest tree node; `fit` pads Q to
     a few sizes and `fixed` (compiled rounds) K too.
 
-    Sections, request after request: per fed row "ids", "pos", "slot" (its cache slot) and "pre"
-    (its preorder number, lp/decode/layout.py); "keys" (round_mask's key table); "origin" (past
-    - 1) and "rows" (the cache row); per node-frame row "tok" (-1: PAD), "par" (the parent's
-    index in [z*, nodes]), "depth" (0: PAD), "step" (depth - 1; PAD: width, a spare) and
-    "nslot" (its cache slot); "dst" (the frontier slots publication fills, and a spare); "meta"
+    Sections, request after request: per fed row "ids", "pos", "order" (its index in the round:
+    its cache slot is past + order) and "pre" (its preorder number, lp/decode/layout.py); "keys"
+    (round_mask's key table); "past" and "rows" (the cache row); per node-frame row "tok" (-1:
+    PAD), "par" (the parent's index in [z*, nodes]), "depth" (0: PAD) and "step" (depth - 1;
+    PAD: width, a spare); "dst" (the frontier slots publication fills, and a spare); "meta"
     (first node's index in the tree, deep cells fed, rows fed)."""
     deep = max(len(p.rnd.deep_rows) for p in plans)
     nodes = max(len(p.nodes) for p in plans)
     others = max(len(p.rnd) - 1 - len(p.rnd.deep_rows) - len(p.nodes) for p in plans)
     q = fit(others + deep + 1 + nodes)
     k = min(bucket(deep + 1 + nodes), q) if fixed else deep + 1 + nodes
-    names = ("ids", "pos", "slot", "pre", "keys", "origin", "rows", "tok", "par", "depth", "step", "nslot",
-             "dst", "meta")
+    names = ("ids", "pos", "order", "pre", "keys", "past", "rows", "tok", "par", "depth", "step", "dst", "meta")
     out: dict[str, list[int]] = {name: [] for name in names}
     for plan, past, row in zip(plans, pasts, rows):
         rnd = plan.rnd
-        size, pads = len(rnd), q - len(rnd)
-        spare = iter(range(size, q))                         # PAD rows' round indices, in fed order
-        pad = lambda count: [next(spare) for _ in range(count)]  # noqa: E731
-        logit = set(rnd.logit_rows)
-        head = [i for i in range(size) if i not in logit]
-        order = (head + pad(q - len(head) - deep - 1 - nodes) + rnd.deep_rows + pad(deep - len(rnd.deep_rows))
-                 + [rnd.last_ordinary] + rnd.node_rows)
-        order += pad(q - len(order))
-        _, tok_of, pos_of, *_, pre_of, end_of = (list(column) for column in zip(*rnd.rows))
-        tok_of += [0] * pads
-        pos_of += [pos_of[-1]] * pads
-        pre_of += range(size + 1, q + 1)                     # PAD rows: one-node trees after the forest
-        end_of += range(size + 2, q + 2)
+        size, deep_rows, node_rows = len(rnd), rnd.deep_rows, rnd.node_rows
+        # rows are stored [ordinary][window][tree]: the rows without logits are the ordinary rows
+        # but the last and the window's rows before its deepest cells (or around them, in a block)
+        window = range(rnd.last_ordinary + 1, node_rows[0] if node_rows else size)
+        head = [*range(rnd.last_ordinary)]
+        if len(window):
+            deepest = set(deep_rows)
+            head += [i for i in window if i not in deepest]
+        before, gap = q - len(head) - deep - 1 - nodes, deep - len(deep_rows)   # PAD rows (round index >= size)
+        order = [*head, *range(size, size + before), *deep_rows, *range(size + before, size + before + gap),
+                 rnd.last_ordinary, *node_rows, *range(size + before + gap, q)]
+        _, tok_of, pos_of, *_, pre_of, end_of = zip(*rnd.rows)
+        pads = q - size
+        tok_of = [*tok_of, *[0] * pads]
+        pos_of = [*pos_of, *[pos_of[-1]] * pads]
+        pre_of = [*pre_of, *range(size + 1, q + 1)]            # PAD rows: one-node trees after the forest
+        end_of = [*end_of, *range(size + 2, q + 2)]
         fed = itemgetter(*order) if q > 1 else lambda values: [values[order[0]]]   # in fed order
         out["ids"] += fed(tok_of)
         out["pos"] += fed(pos_of)
         out["pre"] += fed(pre_of)
-        out["slot"] += [past + i for i in order]
+        out["order"] += order
         out["keys"] += [0, *pre_of, FUTURE, size + 1, *end_of, FUTURE, 0, *pos_of, 0]
-        out["origin"].append(past - 1)
+        out["past"].append(past)
         out["rows"].append(row)
         frame = node_frame(plan.tree, plan.nodes, nodes, width)
         for name in ("tok", "par", "depth", "step"):
             out[name] += frame[name]
-        out["nslot"] += [past + i for i in order[q - nodes:]]
         frontier = past + rnd.last_ordinary + 1
         out["dst"] += [*range(frontier, frontier + width), 0]
-        out["meta"] += [plan.nodes.start, len(rnd.deep_rows), size]
+        out["meta"] += [plan.nodes.start, len(deep_rows), size]
     return out, Packed(q, k, deep, nodes)
 
 
 def forward_round(model, dev: dict[str, torch.Tensor], n: int, shape: Packed, first_row: int, cache: RoundCache,
-                  kinds=None, compiled=None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  kinds=None, compiled=None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One forward over a packed round of `n` requests in cache rows [first_row, first_row + n)
     (`dev`: the uploaded sections of pack_round): (logits [n, K, V] of each request's last K fed
-    rows, which slots each fed row sees [n, Q, span]). Attention reads the first `span` slots of
-    each cache row (default: all), which must hold every request's committed slots and round."""
+    rows, which slots each fed row sees [n, Q, span], each fed row's cache slot [n, Q]). Attention
+    reads the first `span` slots of each cache row (default: all), which must hold every
+    request's committed slots and round."""
     q = shape.q
     span = span or cache.length
-    pre, pos = dev["pre"].view(n, q), dev["pos"].view(n, q)
-    mask = round_mask(pre, dev["keys"], dev["origin"].view(n, 1), span, model.dtype, kinds, pos)
-    slots = dev["slot"].view(n, q)
+    pre, pos, past = dev["pre"].view(n, q), dev["pos"].view(n, q), dev["past"].view(n, 1)
+    mask = round_mask(pre, dev["keys"], past, span, model.dtype, kinds, pos)
+    slots = dev["order"].view(n, q) + past
     cache.rows = None if cache.batch == 1 else slice(first_row, first_row + n)
     logits = forward_logits(model, dev["ids"].view(n, q), pos, mask.attention, cache, shape.k,
                             slots[0] if n == 1 else slots, compiled)
-    return logits, mask.seen
+    return logits, mask.seen, slots

@@ -145,14 +145,14 @@ class RoundMask(NamedTuple):
     seen: torch.Tensor      # [B, Q, span] bool: which slots each fed row sees (no layer windows)
 
 
-def round_mask(pre: torch.Tensor, keys: torch.Tensor, origin: torch.Tensor, span: int, dtype: torch.dtype,
+def round_mask(pre: torch.Tensor, keys: torch.Tensor, past: torch.Tensor, span: int, dtype: torch.dtype,
                kinds: dict[str, LayerAttention] | None = None, pos: torch.Tensor | None = None) -> RoundMask:
     """Additive 4-D mask [B, 1, Q, span] for B requests' rounds over the first `span` slots of their
     cache rows, built on the rows' device in a fixed handful of ops. `pre` [B, Q]: each fed row's
     preorder number; `keys` [B, 3, Q + 2]: the table of (pre, end, position) by slot, entry 0 for
     every committed slot (the root: pre 0, end past every real row), 1 + r for the slot of round
-    row r, Q + 1 for every slot past the round (FUTURE); `origin` [B, 1]: each request's committed
-    slots - 1, so slot s reads entry clamp(s - origin, 0, Q + 1). Row i sees slot s when
+    row r, Q + 1 for every slot past the round (FUTURE); `past` [B, 1]: each request's committed
+    slots, so slot s reads entry clamp(s + 1 - past, 0, Q + 1). Row i sees slot s when
     pre(s) <= pre(i) < end(s): its committed prefix, its ancestors in the round, itself.
 
     `kinds` (lp.decode.arch.attention_kinds: layer type -> rule) adds each windowed type's rule
@@ -162,7 +162,7 @@ def round_mask(pre: torch.Tensor, keys: torch.Tensor, origin: torch.Tensor, span
     per layer); without windows nothing changes. Committed slot i holds position i; the round's
     slots hold their rows' positions."""
     b, q = pre.shape
-    entry = (torch.arange(span, device=pre.device) - origin).clamp_(0, q + 1)          # [B, span]
+    entry = (torch.arange(1, span + 1, device=pre.device) - past).clamp_(0, q + 1)     # [B, span]
     table = keys.view(b, 3, q + 2).gather(2, entry[:, None, :].expand(b, 3, span))     # [B, 3, span]
     query = pre[:, :, None]
     seen = (table[:, None, 0] <= query) & (query < table[:, None, 1])                  # [B, Q, span]

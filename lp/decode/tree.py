@@ -18,6 +18,8 @@ their ancestors.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from typing import NamedTuple, Sequence
 
 
@@ -49,11 +51,7 @@ class TokenTree(NamedTuple):
     def subtree_ends(self) -> tuple[int, ...]:
         """For each node, the index just past its subtree: in preorder node j is an ancestor of i
         (or i itself) exactly when j <= i < end(j)."""
-        size = [1] * len(self)
-        for u in range(len(self) - 1, -1, -1):     # children come after their parent
-            if self.parents[u] >= 0:
-                size[self.parents[u]] += size[u]
-        return tuple(u + size[u] for u in range(len(self)))
+        return _subtree_ends(self.parents)
 
     def path(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node` (inclusive)."""
@@ -168,3 +166,12 @@ def tree_of(paths: Sequence[Sequence[int]], budget: int | None = None) -> TokenT
     for path in paths:
         builder.add(path)
     return builder.build(budget)
+
+
+@lru_cache(maxsize=64)      # a round asks twice per tree (its rows, its node frame)
+def _subtree_ends(parents: tuple[int, ...]) -> tuple[int, ...]:
+    size = [1] * len(parents)
+    for u in range(len(parents) - 1, -1, -1):     # children come after their parent
+        if parents[u] >= 0:
+            size[parents[u]] += size[u]
+    return tuple(u + size[u] for u in range(len(parents)))

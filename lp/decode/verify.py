@@ -17,19 +17,22 @@ from lp.decode.tree import TokenTree
 HEADER = 5   # payload: z*, best hits, deepest accepted node (global index), deepest-output count, rows fed
 
 
-def node_frame(tree: TokenTree, nodes: range, size: int, width: int) -> dict[str, list[int]]:
+def node_frame(tree: TokenTree, nodes: range, size: int, width: int, ends: bool = False) -> dict[str, list[int]]:
     """The node frame of one request's round on this rank: `nodes` of `tree` (whole root subtrees,
     in preorder), then PAD entries up to `size`, as int lists: "tok" (-1: PAD, never equal to a
     prediction), "par" (the parent's index in [z*, nodes...]: 0 for a child of the root), "depth"
-    (0: PAD), "step" (depth - 1: the payload slot it emits into; PAD: `width`, a spare) and
-    "end" (the local index just past its subtree: j is i's ancestor or i when j <= i < end(j))."""
+    (0: PAD), "step" (depth - 1: the payload slot it emits into; PAD: `width`, a spare), and with
+    `ends` "end" (the local index just past its subtree: j is i's ancestor or i when j <= i < end(j);
+    the engine reads ancestors off the round's mask instead)."""
     first, stop, pads = nodes.start, nodes.stop, size - len(nodes)
     depths = tree.depths[first:stop]
-    return {"tok": [*tree.tokens[first:stop], *[-1] * pads],
-            "par": [p - first + 1 if p >= 0 else 0 for p in tree.parents[first:stop]] + [0] * pads,
-            "depth": [*depths, *[0] * pads],
-            "step": [d - 1 for d in depths] + [width] * pads,
-            "end": [e - first for e in tree.subtree_ends()[first:stop]] + list(range(len(nodes) + 1, size + 1))}
+    frame = {"tok": [*tree.tokens[first:stop], *[-1] * pads],
+             "par": [p - first + 1 if p >= 0 else 0 for p in tree.parents[first:stop]] + [0] * pads,
+             "depth": [*depths, *[0] * pads],
+             "step": [d - 1 for d in depths] + [width] * pads}
+    if ends:
+        frame["end"] = [e - first for e in tree.subtree_ends()[first:stop]] + list(range(len(nodes) + 1, size + 1))
+    return frame
 
 
 def frame_ancestors(end: torch.Tensor) -> torch.Tensor:

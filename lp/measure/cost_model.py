@@ -231,7 +231,7 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
 
         @torch.inference_mode()
         def run():
-            logits, _ = forward_round(model, dev, batch, shape, 0, cache, span=span)
+            logits, *_ = forward_round(model, dev, batch, shape, 0, cache, span=span)
             logits.argmax(-1).tolist()
         return run
     return {rows: closure(rows) for rows in rows_list}
@@ -316,7 +316,7 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
     nodes = len(tree)
     rows = max(rows, 1 + nodes + window)
     logits = torch.randn(1, rows, vocab, device=device)
-    frame = {k: torch.tensor([v], device=device) for k, v in node_frame(tree, range(nodes), nodes, s).items()}
+    frame = {k: torch.tensor([v], device=device) for k, v in node_frame(tree, range(nodes), nodes, s, ends=True).items()}
     ancestors = frame_ancestors(frame["end"])
     meta = torch.tensor([[0, window, rows]], device=device)
     times = []
