@@ -1,0 +1,19 @@
+"""scripts/bench_context.py on the embedded model at two short contexts: a row per context, lp's ids
+equal generate's, tokens/s of both printed."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_context_prints_a_row_per_context():
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_context.py"), "--contexts", "48,96", "--max-new-tokens", "6",
+           "--repeats", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["48", "96"]
+    for _, plain, ours, ratio, s, same in rows:
+        assert float(plain) > 0 and float(ours) > 0 and abs(float(ratio) - float(ours) / float(plain)) < 0.02
+        assert float(s) >= 1 and same == "yes"
