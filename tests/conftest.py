@@ -47,3 +47,20 @@ def smollm2_f64():
     """The embedded SmolLM2-135M in float64 (exactness), loaded once for every test that needs it."""
     torch.set_num_threads(min(2, torch.get_num_threads()))
     return load_model("smollm2-135m", dtype="float64", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def model16():
+    """A seeded random Llama of 16 tokens in float64 (round counts: syncs, uploads, ops)."""
+    return tiny_random_llama(vocab=16, seed=1).model.double()
+
+
+def own_completion_corpus(model, prompt, tokens):
+    """A job corpus holding `prompt`'s own greedy completion of `tokens` tokens: suffix trees hit deep."""
+    from lp.decode.suffix import SuffixIndex
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=tokens,
+                         pad_token_id=0)[0, len(prompt):].tolist()
+    index = SuffixIndex(8)
+    index.add(out)
+    return index

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
-from lp.models import tiny_random_llama
 
 PROMPTS = [
     [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3],
@@ -15,11 +14,6 @@ PROMPTS = [
 ]
 NEW = 40
 GRID = list(itertools.product([3, 4, 5, 7], [1, 2, 5, 15], [0, 1, 5, 15]))
-
-
-@pytest.fixture(scope="module")
-def model16():
-    return tiny_random_llama(vocab=16, seed=1).model.double()
 
 
 def greedy(model, prompt, max_new_tokens, eos=None):

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import own_completion_corpus
 
 import lp.engine as engine
-from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead_generate
 from lp.jobs.config import load_config
 from lp.measure.round_ops import RoundOps
-from lp.models import tiny_random_llama
 
 ROUND_OPS = 30
 PROMPT = [1, 2, 3, 4, 5, 6, 7] * 8
@@ -20,19 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def model16():
-    return tiny_random_llama(vocab=16, seed=1).model.double()
-
-
-@pytest.fixture(scope="module")
 def corpus(model16):
-    """A job corpus holding this prompt's own greedy completion: suffix trees hit deep."""
-    x = torch.tensor([PROMPT])
-    out = model16.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=48,
-                           pad_token_id=0)[0, len(PROMPT):].tolist()
-    index = SuffixIndex(8)
-    index.add(out)
-    return index
+    return own_completion_corpus(model16, PROMPT, 48)
 
 
 @pytest.fixture

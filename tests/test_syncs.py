@@ -3,30 +3,18 @@
 workers: tests/test_lp.py)."""
 import pytest
 import torch
+from conftest import own_completion_corpus
 
 from lp.decode import device as device_module
-from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
-from lp.models import tiny_random_llama
 from sync_count import HostWaits, ours
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
 
 
 @pytest.fixture(scope="module")
-def model16():
-    return tiny_random_llama(vocab=16, seed=1).model.double()
-
-
-@pytest.fixture(scope="module")
 def corpus(model16):
-    """A job corpus holding this prompt's own greedy completion: suffix trees hit deep."""
-    x = torch.tensor([PROMPT])
-    out = model16.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24,
-                           pad_token_id=0)[0, len(PROMPT):].tolist()
-    index = SuffixIndex(8)
-    index.add(out)
-    return index
+    return own_completion_corpus(model16, PROMPT, 24)
 
 
 @pytest.fixture
