@@ -72,7 +72,8 @@ from lp.parallel.dist import init_distributed, shutdown
 comm = init_distributed("auto", 60, "cpu")
 gathered = comm.all_gather(torch.tensor([comm.rank], dtype=torch.long)).tolist()
 print(json.dumps({"rank": comm.rank, "world": comm.world, "backend": comm.backend, "device": str(comm.device),
-                  "gathered": gathered}))
+                  "gathered": gathered}), flush=True)
+torch.distributed.barrier()     # both ranks done before either tears down (rank 0 holds the store)
 shutdown()
 """
 
