@@ -331,7 +331,7 @@ def sampling_tables(tree: TokenTree, nodes: range, draws: Draws, round_: int) ->
     draws by (depth, index) for every depth the tree has."""
     kids = children_lists(tree)
     rows = [-1, *nodes]
-    most = max((len(kids.get(r, ())) for r in rows), default=0)
+    most = max(1, *(len(kids.get(r, ())) for r in rows))     # one column at least: the walk's tables
     tokens, local = [], []
     for r in rows:
         mine = kids.get(r, [])

@@ -86,3 +86,20 @@ def test_the_counter_sees_ops_and_leaves_out_views_and_the_forward(model16):
         lookahead_generate(model16, PROMPT[:8], LookaheadParams(0, 3, 0), GenerationParams(4))
     assert "scaled_dot_product_attention" not in ops.ops and "mm" not in ops.ops and "embedding" not in ops.ops
     assert "argmax" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0
+
+
+SAMPLING_OPS = 80      # the greedy round's ops, the warpers (transformers') and the walk, per request
+
+
+@pytest.mark.parametrize("candidates", [1, 2, 6])
+def test_sampling_round_ops_do_not_grow_with_the_trees_width(model16, depths, candidates):
+    """The device walk tests every node's children at once: its ops do not grow with how many
+    children a node has (1, 2 or 6 lookup candidates) nor with the tree's depth."""
+    params = LookaheadParams(4, 4, 4, lookup_candidates=candidates, lookup_tokens=16)
+    gen = GenerationParams(40, temperature=0.8, seed=3)
+    with RoundOps().counting() as ops:
+        r = lookahead_generate(model16, PROMPT, params, gen, sampling_on_device=True)
+    assert len(ops.rounds) == r.forwards > 3 and max(depths) >= 8
+    decoding = ops.rounds[1:]                        # the prefill round has no tree
+    assert max(decoding) <= SAMPLING_OPS, (ops.rounds, ops.ops)
+    assert max(decoding) - min(decoding) <= 8, ops.rounds   # publication or not: one shape of work otherwise

@@ -148,18 +148,21 @@ def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child
     rows, m = child_tokens.shape
     row_depth = torch.cat([depths.new_zeros(1), depths])
     u = uniforms[row_depth]                                   # [R, M + 1]
-    p = dists.clone()
-    chosen_tok = torch.full((rows,), -1, dtype=torch.long, device=p.device)
-    chosen_loc = chosen_tok.clone()
-    for i in range(m):
-        tok = child_tokens[:, i]
-        valid = (tok >= 0) & (chosen_tok < 0)
-        index = tok.clamp(min=0)[:, None]
-        pt = p.gather(1, index)[:, 0]
-        accept = valid & (u[:, i] * p.sum(dim=1) < pt)
-        chosen_tok = torch.where(accept, tok, chosen_tok)
-        chosen_loc = torch.where(accept, child_local[:, i], chosen_loc)
-        p = p.scatter(1, index, torch.where(valid & ~accept, torch.zeros_like(pt), pt)[:, None])
+    # Child i is tested against the residual left by rejecting children 0..i-1: their mass is gone
+    # from the total (children's tokens are distinct), so every test is one [R, M] compare and the
+    # walk costs the same few ops however many children a node has.
+    valid = child_tokens >= 0
+    first = child_tokens[:, :1]
+    index = torch.where(valid, child_tokens, first).clamp(min=0)   # padding repeats the first child
+    pt = torch.where(valid, dists.gather(1, index), 0.0)
+    left = dists.sum(dim=1, keepdim=True) - (pt.cumsum(dim=1) - pt)
+    accept = valid & (u[:, :m] * left < pt)
+    hit = accept.any(dim=1)
+    pick = accept.to(torch.uint8).argmax(dim=1, keepdim=True)        # the first accepted child
+    chosen_tok = torch.where(hit, child_tokens.gather(1, pick)[:, 0], -1)
+    chosen_loc = torch.where(hit, child_local.gather(1, pick)[:, 0], -1)
+    rejected = torch.zeros_like(dists, dtype=torch.bool).scatter_(1, index, valid | valid[:, :1])
+    p = dists.masked_fill(rejected, 0.0)                      # every child rejected: the residual
     cdf = p.cumsum(dim=1)                                     # every row's residual draw
     target = u.gather(1, child_count[:, None]) * cdf[:, -1:]
     drawn = torch.searchsorted(cdf, target, right=True)[:, 0]
