@@ -29,7 +29,12 @@ def test_onednn_linear_is_f_linear_at_every_row_count(dtype, tol, bias):
         if bias:
             lin.bias.copy_(torch.randn(80, generator=gen))
     lin = lin.to(dtype)
-    fast = OneDNNLinear(lin)
+    try:
+        fast = OneDNNLinear(lin)
+    except RuntimeError as e:      # e.g. bf16 packing needs avx512bw/vl/dq or avx_ne_convert; load_model then keeps
+        if dtype is torch.float32:  # the stock kernels (test_a_swap_that_does_not_check_out_leaves_the_model_alone)
+            raise
+        pytest.skip(f"this CPU cannot pack {dtype} linears: {' '.join(str(e).split())[:120]}")
     for rows in (1, 2, 5, 16, 40, 100):
         x = torch.randn(1, rows, 48, generator=gen).to(dtype)
         with torch.no_grad():
