@@ -145,7 +145,7 @@ def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child
     residual; the walk is then the chain of accepted children from the root (like greedy's
     accepted path). Returns (first token, accepted [B] bool, emitted [B]: what each node
     emits after itself)."""
-    rows, m = child_tokens.shape
+    m = child_tokens.shape[1]
     row_depth = torch.cat([depths.new_zeros(1), depths])
     u = uniforms[row_depth]                                   # [R, M + 1]
     # Child i is tested against the residual left by rejecting children 0..i-1: their mass is gone
