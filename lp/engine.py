@@ -25,9 +25,11 @@ from lp.decode.arch import check_model
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, rows_per_request
 from lp.decode.device import Uploader, uniforms
-from lp.decode.kv_cache import COMPILE_MODES, attended, compiled_forward, move_row, publish, round_cache
+from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_prefix, move_row, publish,
+                                round_cache)
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
+from lp.decode.prefix import RowPrefixes
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
 from lp.decode.sampling import (Draws, children_lists, distribution, tree_sampling_verdict, verify_tree_sampling,
@@ -115,7 +117,9 @@ def decode_batch(
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
     (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
     a request that ends leaves the batch at once; the next prompt is taken then and its first round
-    (the prefill) runs alone into its own cache row before it joins the batched rounds. The cache
+    (the prefill) runs alone into its own cache row before it joins the batched rounds; with
+    `lookahead.prefix_reuse` (and `batch_size` > 1) it starts after the longest prefix of the prompt
+    whose K/V a cache row already holds (lp/decode/prefix.py), copied into its row. The cache
     holds `batch_size` rows of slots for prompts of up to `prompt_tokens` tokens (default: the
     first prompt's). With a multi-worker `comm` every rank calls this with the same prompts in the
     same order (the iterator is only advanced when a slot is free, at the same round on every
@@ -134,6 +138,7 @@ def decode_batch(
     pending = iter(prompts)
     rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost)
     active: list[RequestState] = []
+    prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
     def start(key, ids, request) -> RequestState | ValueError:
         nonlocal prompt_tokens
@@ -149,19 +154,30 @@ def decode_batch(
             return ValueError(f"prompt has {len(ids)} tokens: with max_new_tokens={generation.max_new_tokens} it "
                               f"needs {need} cache slots, more than the {rounds.cache.length} this batch's cache "
                               f"holds (sized for prompts of up to {prompt_tokens} tokens)")
-        return RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
-                            corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
-                            streamer=streamer)
+        state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
+                             corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
+                             streamer=streamer)
+        if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
+            source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
+            if slots:
+                if source != state.row:
+                    copy_prefix(rounds.cache, source, state.row, slots)
+                state.reuse(slots)
+        return state
 
     def ended() -> Iterator[tuple[Any, GenerationResult]]:
         """The requests that ended leave; the others move down to the lowest cache rows."""
         nonlocal active
         for state in [s for s in active if s.done]:
+            if prefixes is not None:
+                prefixes.left(state.row, state.in_cache)
             yield state.key, state.finish()
         active = [s for s in active if not s.done]
         for row, state in enumerate(active):
             if state.row != row:
                 move_row(rounds.cache, state.row, row)
+                if prefixes is not None:     # the row it left still holds a copy
+                    prefixes.left(state.row, state.in_cache)
                 state.row = row
 
     more = True

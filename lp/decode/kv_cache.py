@@ -170,6 +170,13 @@ def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor, rows: torch
         buffer[:, rows, :, dst] = buffer[:, rows, :, src]
 
 
+def copy_prefix(cache: RoundCache, src: int, dst: int, slots: int) -> None:
+    """Copy the K/V of the first `slots` slots of cache row `src` to row `dst` in every layer, in
+    place (one op per stacked buffer: lp/decode/prefix.py)."""
+    for buffer in cache.buffers:
+        buffer[:, dst, :, :slots].copy_(buffer[:, src, :, :slots])
+
+
 def move_row(cache: RoundCache, src: int, dst: int) -> None:
     """Copy cache row `src` (a request's K/V) to row `dst` in every layer, in place."""
     for buffer in cache.buffers:

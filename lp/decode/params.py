@@ -21,7 +21,9 @@ class LookaheadParams:
       beyond each source's own limit), the best-scoring nodes kept;
     - with several requests per forward (a job's `generation.batch_size` > 1), `row_budget` cuts
       every round's trees further, to the rows the device's measured forward-time curve says pay
-      for themselves (lp/decode/budget.py); a batch of one is never cut.
+      for themselves (lp/decode/budget.py); a batch of one is never cut;
+    - with several requests per forward, `prefix_reuse` starts a joining prompt's prefill after the
+      longest prefix whose K/V a cache row of the batch already holds (lp/decode/prefix.py).
     """
     window: int = 15
     ngram: int = 5
@@ -36,6 +38,7 @@ class LookaheadParams:
     job_cache: bool = False
     tree_budget: int = 0
     row_budget: bool = True
+    prefix_reuse: bool = True
 
     @property
     def suffix(self) -> bool:

@@ -100,6 +100,17 @@ class RequestState:
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
 
+    def reuse(self, slots: int) -> None:
+        """The K/V of the prompt's first `slots` tokens are already in this request's cache row
+        (lp/decode/prefix.py): its prefill feeds the rest."""
+        assert 0 <= slots < len(self.prompt) and self.cached == 0
+        self.cached, self.ordinary = slots, self.prompt[slots:]
+
+    @property
+    def in_cache(self) -> list[int]:
+        """The committed tokens whose K/V this request's cache row holds, at slots 0 on."""
+        return self.tokens[:self.cached]
+
     @property
     def done(self) -> bool:
         return self.stopper.reason is not None
