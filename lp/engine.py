@@ -92,6 +92,14 @@ class BatchStats:
     rounds: int = 0             # forwards, solo first rounds included
     occupancy: int = 0          # requests summed over rounds (mean batch: occupancy / rounds)
     rows: int = 0               # rows fed, padding included, summed over rounds
+    prefills: int = 0           # of the rounds: solo first rounds (a joining request's prefill)
+    prefill_rows: int = 0       # of the rows: those of the prefills
+
+    @property
+    def decoding_rows_per_round(self) -> float | None:
+        """Rows fed per decoding round (the prefills left out), padding included."""
+        rounds = self.rounds - self.prefills
+        return (self.rows - self.prefill_rows) / rounds if rounds else None
 
 
 @torch.inference_mode()
@@ -281,6 +289,9 @@ class Rounds:
         stats.rounds += 1
         stats.occupancy += n
         stats.rows += n * shape.q
+        if n == 1 and states[0].result.forwards == 1:
+            stats.prefills += 1
+            stats.prefill_rows += shape.q
 
     def propose(self, states: list[RequestState]) -> list[TokenTree]:
         """The leader's trees for the round: each request's candidates, cut by the row budget when

@@ -28,7 +28,8 @@ and including the token that completes a stop string or EOS, cut exactly as lp c
 Columns: tokens/s (useful tokens over the wall time), latency p50 and p95 (seconds, over the prompts),
 S (useful tokens / request-forwards: each prompt's forwards summed; a static batch keeps a prompt in
 every forward of its batch, so S falls below 1 there once sequences stop early), rows per forward
-(rows fed, padding included), mean batch (requests per forward) and ids equal (prompts whose ids equal
+(rows fed, padding included), rows per decoding round (lp: the same with the prefill rounds left
+out), mean batch (requests per forward) and ids equal (prompts whose ids equal
 `generate 1`'s, the reference). Then the ratios: the best `lp lookahead` tokens/s over the best
 `generate` one, `lp lookahead` over `lp no drafts` at every B, and `lp lookahead`'s p50 at every B over
 its p50 at B=1.
@@ -220,7 +221,7 @@ class Bench:
         for line in errors:
             click.echo(f"  {name}: error: {line}", err=True)
         return self.record(name, kind, b, ids, seconds, latency, forwards, stats.rows, stats.rounds,
-                           stats.occupancy, errors=errors)
+                           stats.occupancy, errors=errors, rows_per_decoding_round=stats.decoding_rows_per_round)
 
     def continuous(self, b: int, warm_up: bool = False) -> dict[str, Any] | None:
         """transformers' ContinuousBatchingManager, at most `b` requests per step, streamed and cancelled at
@@ -367,11 +368,12 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, t
                f"kernels, {n} {cfg.data.source} prompts{' (chat)' if cfg.data.chat_template else ''}, "
                f"max_new_tokens {cfg.generation.max_new_tokens}, greedy, torch threads {torch.get_num_threads()}\n")
     click.echo(f"{'system':>22} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p95 s':>7} {'S':>6} "
-               f"{'rows/fwd':>8} {'batch':>6} {'ids equal':>9}")
+               f"{'rows/fwd':>8} {'rows/dec':>8} {'batch':>6} {'ids equal':>9}")
     for s in systems:
         click.echo(f"{s['system']:>22} {s['tokens']:>7} {fmt(s['tokens_per_s'], '8.2f'):>8} "
                    f"{fmt(s['latency_p50'], '7.2f'):>7} {fmt(s['latency_p95'], '7.2f'):>7} "
                    f"{fmt(s['compression'], '6.3f'):>6} {fmt(s['rows_per_forward'], '8.1f'):>8} "
+                   f"{fmt(s.get('rows_per_decoding_round'), '8.1f'):>8} "
                    f"{fmt(s['mean_batch'], '6.2f'):>6} {str(s['ids_equal']) + '/' + str(n):>9}")
     if cb_error is not None:
         click.echo(f"transformers continuous batching: n/a ({cb_error})")

@@ -1,5 +1,5 @@
 """scripts/bench_batch.py on the embedded default job, 2 prompts of 16 tokens: every system in the JSON
-report with its ids-equal count, and lp's batched decoding (without and with drafts, at batch 1 and 2)
+report with its ids-equal count, lp's rows per decoding round without the prefills, and lp's batched decoding (without and with drafts, at batch 1 and 2)
 token-identical to transformers generate at batch 1, the reference (greedy, float32)."""
 import json
 import os
@@ -40,6 +40,10 @@ def test_bench_batch_on_the_default_job(tmp_path):
         assert systems[f"lp no drafts {b}"]["compression"] == 1.0            # one token per request-forward
         assert systems[f"lp lookahead {b}"]["compression"] >= 1.0
     assert systems["lp no drafts 1"]["mean_batch"] == 1.0 and systems["lp no drafts 2"]["mean_batch"] > 1.0
+    # rows per decoding round leave the prefills out: no drafts feed one row per request and round
+    assert systems["lp no drafts 1"]["rows_per_decoding_round"] == 1.0
+    assert 1.0 < systems["lp no drafts 2"]["rows_per_decoding_round"] <= 2.0
+    assert systems["lp no drafts 2"]["rows_per_forward"] > systems["lp no drafts 2"]["rows_per_decoding_round"]
     ratios = report["ratios"]
     assert ratios["lp_lookahead_best_over_generate_best"] > 0 and ratios["latency_p50_base_batch"] == 1
     assert set(ratios["lp_lookahead_over_no_drafts"]) == {"1", "2"}
