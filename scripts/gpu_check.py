@@ -834,6 +834,8 @@ def run_job(name: str, config: dict, work: Path, timeout: float, reference: list
         pairs = list(zip([r["token_ids"] for r in records], reference))
         fig["ids_equal_inprocess_lookahead"] = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
     fig["token_ids"] = [r["token_ids"] for r in records]
+    decoding = sum((r.get("decode_seconds") or 0) + (r.get("baseline_decode_seconds") or 0) for r in records)
+    fig["start_seconds"] = max(fig["wall_seconds"] - decoding, 0.0)   # torchrun, imports, load, the group
     return fig
 
 
@@ -1069,7 +1071,7 @@ class Stages:
         try:
             for spec in self.plan.stages:
                 kind, model, *ranks = spec
-                estimate, basis = self.estimate(kind, model)
+                estimate, basis = self.estimate(kind, model, *ranks)
                 method = getattr(self, kind.replace("-", "_"))
                 record = self.check.stage(stage_name(spec), estimate, lambda left: method(model, left, *ranks),
                                           needs=["setup"], basis=basis)
@@ -1081,15 +1083,57 @@ class Stages:
 
                 shutdown()
 
-    def estimate(self, kind: str, model: str) -> tuple[float, str]:
-        """The seconds stage (kind, model) needs at least, and how that was made: its kind's floor;
-        a compiled job adds the compile seconds per layer the compiled stage measured times its layers."""
+    def estimate(self, kind: str, model: str, ranks: int = 1) -> tuple[float, str]:
+        """The seconds stage (kind, model[, ranks]) should take, and how that was made: from what the
+        check measured already (`measured`), else its kind's floor; a compiled job is its floor plus
+        the compile seconds per layer the compiled stage measured times its layers."""
         floor, rate = self.plan.floors[kind], self.report.get("compile_seconds_per_layer")
-        if kind != "job-compiled" or rate is None:
-            return floor, f"the floor for {kind}"
-        layers = self.plan.models[model][0]["num_hidden_layers"]
-        return floor + rate * layers, (f"{floor} s + {rate:.2f} s of compilation per layer (lookahead compiled "
-                                       f"on {self.report['compile_model']}) x {layers} layers")
+        if kind == "job-compiled" and rate is not None:
+            layers = self.plan.models[model][0]["num_hidden_layers"]
+            return floor + rate * layers, (f"{floor} s + {rate:.2f} s of compilation per layer (lookahead compiled "
+                                           f"on {self.report['compile_model']}) x {layers} layers")
+        measured = self.measured(kind, model, ranks)
+        return measured if measured is not None else (floor, f"the floor for {kind}: none of its work measured yet")
+
+    def measured(self, kind: str, model: str, ranks: int = 1) -> tuple[float, str] | None:
+        """A stage's seconds by the check's own measurements: the model's load seconds and seconds per
+        generated token of `generate` and of lookahead (eager/<model>, or a model of the same width
+        scaled by layers), and for a torchrun job the start-up a finished job took (its wall time
+        less its decodes); the stage's tokens from the plan. None while one of them is missing."""
+        rates = self.decode_rates(model)
+        if rates is None:
+            return None
+        load, gen, look, how = rates
+        k, p, new = self.plan.inprocess_prompts, self.plan.prompts, self.plan.new_tokens
+        if kind == "exact":       # float32: twice the bytes per token
+            return 2 * (load + (gen + look) * k * new), f"2 x ({how}: load + {k} x {new} tokens of both), float32"
+        if kind == "profile":     # a warm-up and a profiled decode of each; the profiler's overhead x 3
+            return load + 6 * (gen + look) * PROFILE_TOKENS, f"{how}: load + 6 x {PROFILE_TOKENS} tokens of both"
+        start = self.report.get("job_start_seconds")
+        if start is None or kind not in ("job", "job-batched", "lp"):
+            return None
+        started = f"{how}; a torchrun job's start-up {start:.1f} s"
+        if kind == "job":         # lookahead and the in-run baseline
+            return start + load + (gen + look) * p * new, f"{started} + load + {p} x {new} tokens of both"
+        if kind == "job-batched":
+            return start + load + look * p * new, f"{started} + load + {p} x {new} lookahead tokens"
+        # ranks share the device: each starts, loads and decodes (float32: twice the bytes)
+        return ranks * (start + load + 2 * look * k * new), f"{ranks} ranks x ({started} + load + 2 x {k} x {new})"
+
+    def decode_rates(self, model: str) -> tuple[float, float, float, str] | None:
+        """(load s, generate s/token, lookahead s/token, where from) for `model`: its eager stage's,
+        or another eager-measured model's of the same hidden size, scaled by layers."""
+        shape = self.plan.models[model][0]
+        for other, (their, _) in self.plan.models.items():
+            stage = self.stages.get(f"eager/{other}", {})
+            if stage.get("status") != "ok" or their["hidden_size"] != shape["hidden_size"]:
+                continue
+            scale = shape["num_hidden_layers"] / their["num_hidden_layers"]
+            gen, look = (stage["systems"][name] for name in ("generate eager", "lookahead eager"))
+            how = f"eager/{other}" + ("" if other == model else f" x {scale:.3g} (layers)")
+            return (stage["load_seconds"] * scale, scale * gen["seconds"] / gen["tokens"],
+                    scale * look["seconds"] / look["tokens"], how)
+        return None
 
     def shrink(self, model: str) -> None:
         """A compiled job that did not fit runs on the compiled stage's few-layer model instead
@@ -1244,6 +1288,8 @@ class Stages:
                             batch_size=self.plan.prompts if batched else 1)   # batched: every prompt at once
         ref = None if compiled else self.figures(f"eager/{model}", "lookahead eager")
         fig = run_job(stage, config, self.work, left, ref)
+        if not compiled:     # later jobs' estimates start from the longest start-up measured
+            self.report["job_start_seconds"] = max(self.report.get("job_start_seconds", 0.0), fig["start_seconds"])
         if batched:     # the batch-1 job's ids of the same prompts (exact at batch 1 and in batches alike)
             fig["ids_equal_batch_one_job"] = equal_count(fig["token_ids"], self.figures(f"job/{model}"))
         fig["ids_equal_inprocess_generate"] = equal_count(fig["token_ids"],

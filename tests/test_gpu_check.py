@@ -97,6 +97,30 @@ def test_compiled_stage(report):
     assert "per layer" in job["estimate_basis"]
 
 
+def test_estimates_come_from_what_was_measured(report):
+    """Only stages whose work nothing had measured yet get their floor; the others are estimated from
+    the eager stages' load and per-token seconds and the first job's measured start-up."""
+    stages, floors = report["stages"], gcheck_floors()
+    floored = [n for n, s in stages.items() if s["estimate_basis"].startswith("the floor")]
+    assert floored == ["compiled/tiny-smol", "eager/tiny-llama", "eager/tiny-smol", "job/tiny-llama"]
+    assert all(stages[n]["estimate_s"] == floors[n.split("/")[0]] for n in floored)
+    start = stages["job/tiny-llama"]["start_seconds"]
+    assert 0 < start < stages["job/tiny-llama"]["wall_seconds"] and report["job_start_seconds"] >= start
+    eager = stages["eager/tiny-llama"]
+    gen, look = (eager["systems"][k] for k in ("generate eager", "lookahead eager"))
+    k, new = report["workload"]["inprocess_prompts"], report["workload"]["new_tokens"]
+    work = eager["load_seconds"] + (gen["seconds"] / gen["tokens"] + look["seconds"] / look["tokens"]) * k * new
+    assert stages["exact/tiny-llama"]["estimate_s"] == pytest.approx(2 * work)
+    assert stages["exact/tiny-llama"]["estimate_basis"].startswith("2 x (eager/tiny-llama")
+    for name in ("job/tiny-smol", "lp-p2/tiny-smol", "lp-p4/tiny-smol", "job-batched/tiny-smol"):
+        assert "start-up" in stages[name]["estimate_basis"] and stages[name]["estimate_s"] > start, name
+    assert stages["lp-p4/tiny-smol"]["estimate_s"] == pytest.approx(2 * stages["lp-p2/tiny-smol"]["estimate_s"])
+
+
+def gcheck_floors() -> dict:
+    return {**_module().SMALL.floors, "lp-p2": _module().SMALL.floors["lp"], "lp-p4": _module().SMALL.floors["lp"]}
+
+
 def test_eager_stage(report):
     new, k = report["workload"]["new_tokens"], report["workload"]["inprocess_prompts"]
     for model in ("tiny-llama", "tiny-smol"):
