@@ -242,10 +242,9 @@ class Rounds:
             plans.append(state.plan(tree, mine[comm.rank].columns, mine[comm.rank].subtrees))
         sections, shape = pack_round(plans, [s.cached for s in states], [s.row for s in states], width, self.fit,
                                      self.compiled is not None)
-        if self.warp is not None and self.on_device:
-            for i, (state, plan) in enumerate(zip(states, plans)):
-                tables = sampling_tables(plan.tree, plan.nodes, state.draws, state.result.forwards)
-                sections.update({f"{name}{i}": values for name, values in tables.items()})
+        if self.warp is not None and self.on_device:      # the walk's tables, every request padded alike
+            sections.update(sampling_tables(plans, [s.draws for s in states], [s.result.forwards for s in states],
+                                            shape.nodes))
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
@@ -318,33 +317,32 @@ class Rounds:
                 predicted: torch.Tensor, ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every request's verdict on this rank's nodes, on the device: (the first token [n], which
         node-frame entries are off the accepted path [n, N], what each node emits after itself
-        [n, N]). Greedy: z* and the argmax path, for the whole batch at once; sampling: each
-        request's walk (on the device, or on the host reading rows lazily)."""
+        [n, N]). Greedy: z* and the argmax path, for the whole batch at once; sampling: every
+        request's walk at once on the device, or each request's on the host reading rows lazily."""
         d = shape.deep
         if self.warp is None:
             return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
+        if self.on_device:      # every request's walk at once
+            n, r = len(plans), 1 + shape.nodes
+            token, accepted, emitted = tree_sampling_verdict(
+                distribution(frame[:, d:], self.warp), dev["child_tokens"].view(n, r, -1),
+                dev["child_local"].view(n, r, -1), dev["child_count"].view(n, r), v["depth"], v["par"] - 1,
+                ancestors, uniforms(dev["draws"]).view(n, -1, dev["child_tokens"].shape[0] // (n * r) + 1))
+            return token, ~accepted, emitted
         firsts, off, emits = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             count, nodes = len(plan.nodes), plan.nodes
             rows = frame[i, d:d + 1 + count]             # z*'s row, then the request's nodes
-            if self.on_device:
-                token, accepted, emitted = tree_sampling_verdict(
-                    distribution(rows, self.warp), dev[f"child_tokens{i}"].view(1 + count, -1),
-                    dev[f"child_local{i}"].view(1 + count, -1), dev[f"child_count{i}"], v["depth"][i, :count],
-                    v["par"][i, :count] - 1, ancestors[i, :count, :count],
-                    uniforms(dev[f"draws{i}"]).view(plan.tree.max_depth + 1, -1))
-                off_path = ~accepted
-            else:
-                sampled = verify_tree_sampling(distribution(rows[0], self.warp), plan.tree,
-                                               lambda u: distribution(rows[1 + u - nodes.start], self.warp),
-                                               state.draws, state.result.forwards, owned=lambda u: u in nodes)
-                path = plan.tree.path(sampled.node) if sampled.hits else []
-                on, out = [True] * count, [0] * count
-                for depth, u in enumerate(path, 1):
-                    on[u - nodes.start], out[u - nodes.start] = False, sampled.emitted[depth]
-                token, off_path, emitted = (torch.tensor(x, dtype=t, device=self.device)  # on the rows' device:
-                                            for x, t in ((sampled.emitted[0], torch.long), (on, torch.bool),
-                                                         (out, torch.long)))       # the payload joins them
+            sampled = verify_tree_sampling(distribution(rows[0], self.warp), plan.tree,
+                                           lambda u: distribution(rows[1 + u - nodes.start], self.warp),
+                                           state.draws, state.result.forwards, owned=lambda u: u in nodes)
+            path = plan.tree.path(sampled.node) if sampled.hits else []
+            on, out = [True] * count, [0] * count
+            for depth, u in enumerate(path, 1):
+                on[u - nodes.start], out[u - nodes.start] = False, sampled.emitted[depth]
+            token, off_path, emitted = (torch.tensor(x, dtype=t, device=self.device)  # on the rows' device:
+                                        for x, t in ((sampled.emitted[0], torch.long), (on, torch.bool),
+                                                     (out, torch.long)))       # the payload joins them
             pad = shape.nodes - count
             firsts.append(token)
             off.append(torch.nn.functional.pad(off_path, (0, pad), value=True))
@@ -352,18 +350,24 @@ class Rounds:
         return torch.stack(firsts), torch.stack(off), torch.stack(emits)
 
 
-def sampling_tables(tree: TokenTree, nodes: range, draws: Draws, round_: int) -> dict[str, list[int]]:
-    """What the device walk needs beside the rows: each row's children (root first, then this
-    rank's nodes) as tokens and local indices in child order, their counts, and the round's
-    draws by (depth, index) for every depth the tree has."""
-    kids = children_lists(tree)
-    rows = [-1, *nodes]
-    most = max(1, *(len(kids.get(r, ())) for r in rows))     # one column at least: the walk's tables
-    tokens, local = [], []
-    for r in rows:
-        mine = kids.get(r, [])
-        tokens += [tree.tokens[u] for u in mine] + [-1] * (most - len(mine))
-        local += [u - nodes.start if u in nodes else -1 for u in mine] + [-1] * (most - len(mine))
-    return {"child_tokens": tokens, "child_local": local,
-            "child_count": [len(kids.get(r, ())) for r in rows],
-            "draws": draws.table(round_, tree.max_depth + 1, most + 1)}
+def sampling_tables(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
+                    nodes: int) -> dict[str, list[int]]:
+    """What the device walk needs beside the rows, for every request of the round: each row's
+    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens and local
+    indices in child order, their counts, and the round's draws by (depth, index), every request
+    padded to the round's widest node and deepest tree (a draw is addressed by (depth, index), so
+    padding adds draws and changes none)."""
+    kids = [children_lists(plan.tree) for plan in plans]
+    most = max(1, *(len(k.get(r, ())) for plan, k in zip(plans, kids) for r in (-1, *plan.nodes)))
+    depth = max(plan.tree.max_depth for plan in plans) + 1
+    out: dict[str, list[int]] = {"child_tokens": [], "child_local": [], "child_count": [], "draws": []}
+    for plan, k, draw, round_ in zip(plans, kids, draws, rounds):
+        tree, mine = plan.tree, plan.nodes
+        for r in [-1, *mine, *[None] * (nodes - len(mine))]:
+            children = k.get(r, []) if r is not None else []
+            pad = [-1] * (most - len(children))
+            out["child_tokens"] += [tree.tokens[u] for u in children] + pad
+            out["child_local"] += [u - mine.start if u in mine else -1 for u in children] + pad
+            out["child_count"].append(len(children))
+        out["draws"] += draw.table(round_, depth, most + 1)
+    return out

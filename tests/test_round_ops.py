@@ -1,7 +1,8 @@
 """A round's own work outside the model forward is a fixed handful of ops (at most ROUND_OPS launching
 aten ops, counted on the CPU by lp.measure.round_ops; on a GPU each is at least one kernel launch),
 whatever the tree's depth, the round's size or the batch: greedy rounds with the window, lookup
-spans and token trees at depths 4, 16 and 32, the default job's suffix trees, and batches of 4."""
+spans and token trees at depths 4, 16 and 32, the default job's suffix trees, and batches of 4; sampled
+rounds within SAMPLING_OPS, whatever the tree's width or the batch."""
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def test_the_counter_sees_ops_and_leaves_out_views_and_the_forward(model16):
     assert "argmax" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0
 
 
-SAMPLING_OPS = 80      # the greedy round's ops, the warpers (transformers') and the walk, per request
+SAMPLING_OPS = 80      # the greedy round's ops, the warpers (transformers') and the walk, for the whole batch
 
 
 @pytest.mark.parametrize("candidates", [1, 2, 6])
@@ -103,3 +104,24 @@ def test_sampling_round_ops_do_not_grow_with_the_trees_width(model16, depths, ca
     decoding = ops.rounds[1:]                        # the prefill round has no tree
     assert max(decoding) <= SAMPLING_OPS, (ops.rounds, ops.ops)
     assert max(decoding) - min(decoding) <= 8, ops.rounds   # publication or not: one shape of work otherwise
+
+
+def test_sampling_round_ops_do_not_grow_with_the_batch(model16, depths, monkeypatch):
+    """Every request's walk runs at once: a sampled round of four requests costs what one costs."""
+    sizes = []
+    run = engine.Rounds.run
+
+    def recorded(self, states, stats):
+        sizes.append(len(states))
+        return run(self, states, stats)
+    monkeypatch.setattr(engine.Rounds, "run", recorded)
+    prompts = [(i, PROMPT[i:], i) for i in range(6)]
+    params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=16)
+    gen = GenerationParams(32, temperature=0.8, seed=3)
+    with RoundOps().counting() as ops:
+        results = dict(decode_batch(model16, prompts, params, gen, batch_size=4, sampling_on_device=True))
+    assert len(results) == 6 and all(not isinstance(r, Exception) for r in results.values()) and max(depths) >= 8
+    assert sizes.count(4) > 3 and len(sizes) == len(ops.rounds)
+    assert max(ops.rounds) <= SAMPLING_OPS, (ops.rounds, ops.ops)
+    one = [k for k, n in zip(ops.rounds, sizes) if n == 1]
+    assert max(k for k, n in zip(ops.rounds, sizes) if n == 4) <= max(one) + 2, (ops.rounds, sizes)
