@@ -115,8 +115,8 @@ def main(spec_path, out_dir):
         if "batch" in case:     # a batch of prompts through decode_batch: each request's tokens and rounds
             out = dict(lp.engine.decode_batch(
                 model, [(i, p, i) for i, p in enumerate(case["prompts"])], params(case),
-                GenerationParams(case["max_new"]), batch_size=case["batch"], comm=comm,
-                prompt_tokens=max(map(len, case["prompts"]))))
+                GenerationParams(case["max_new"], **case.get("sampling", {})), batch_size=case["batch"], comm=comm,
+                prompt_tokens=max(map(len, case["prompts"])), sampling_on_device=case.get("on_device")))
             results.append(dict(batch=[dict(tokens=out[i].token_ids, emitted=out[i].emitted_per_round)
                                        for i in range(len(case["prompts"]))]))
             continue

@@ -3,7 +3,8 @@
 slots than prompts, prompts of 1 to 60 tokens, EOS and max_new_tokens inside rounds, the Jacobi window
 and token trees on, sliding-window, soft-capped and MLA families); a packed round's logits equal each
 request's round run alone; sampling at batch 2 reproduces the model's joint; a prompt the batch's cache
-cannot hold fails alone; LP splits a batch's rows with the same tokens and per-round counts."""
+cannot hold fails alone; LP splits a batch's rows with the same tokens and per-round counts, greedy and
+sampled."""
 from collections import Counter
 
 import pytest
@@ -150,10 +151,19 @@ def test_lp_splits_a_batch_with_the_same_tokens_and_rounds(models, nproc, tmp_pa
     params = {"w": 4, "n": 4, "g": 4, "lookup": {"lookup_candidates": 2, "lookup_tokens": 6, "suffix_factor": 6,
                                                    "suffix_tokens": 24}}
     cases = [{"model": "m", "batch": b, "prompts": PROMPTS[:5], "max_new": 24, **params} for b in (2, 3)]
-    ranks = torchrun(nproc, {"models": {"m": {"family": "qwen2-swa"}}, "cases": cases}, tmp_path)
+    sampled = {"model": "m", "batch": 3, "prompts": PROMPTS[:5], "max_new": 24, **params, "on_device": True,
+               "sampling": {"temperature": 0.9, "seed": 5}}     # every request's device walk at once
+    ranks = torchrun(nproc, {"models": {"m": {"family": "qwen2-swa"}}, "cases": [*cases, sampled]}, tmp_path)
     for case, got in zip(cases, zip(*[r["results"] for r in ranks])):
         single = run_batch(model, case["prompts"], LookaheadParams(4, 4, 4, **params["lookup"]), case["batch"], 24)
         for rank in got:
             for i, r in enumerate(rank["batch"]):
                 assert r["tokens"] == single[i].token_ids == generate(model, case["prompts"][i], 24)
                 assert r["emitted"] == single[i].emitted_per_round, (nproc, case["batch"], i)
+    single = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(sampled["prompts"])],
+                               LookaheadParams(4, 4, 4, **params["lookup"]), GenerationParams(24, **sampled["sampling"]),
+                               batch_size=3, prompt_tokens=max(map(len, sampled["prompts"])), sampling_on_device=True))
+    assert any(e > 1 for r in single.values() for e in r.emitted_per_round)
+    for rank in ranks:      # sampled: the same draws give the same tokens and rounds at every world size
+        for i, r in enumerate(rank["results"][-1]["batch"]):
+            assert (r["tokens"], r["emitted"]) == (single[i].token_ids, single[i].emitted_per_round), (nproc, i)
