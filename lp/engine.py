@@ -324,11 +324,10 @@ class Rounds:
             return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
         if self.on_device:      # every request's walk at once
             n, r = len(plans), 1 + shape.nodes
-            token, accepted, emitted = tree_sampling_verdict(
-                distribution(frame[:, d:], self.warp), dev["child_tokens"].view(n, r, -1),
-                dev["child_local"].view(n, r, -1), dev["child_count"].view(n, r), v["depth"], v["par"] - 1,
-                ancestors, uniforms(dev["draws"]).view(n, -1, dev["child_tokens"].shape[0] // (n * r) + 1))
-            return token, ~accepted, emitted
+            children = {name: dev[name].view(n, r, -1) for name in ("child_tokens", "child_index", "child_local")}
+            return tree_sampling_verdict(distribution(frame[:, d:], self.warp), **children,
+                                         child_count=dev["child_count"].view(n, r), parent_rows=v["par"],
+                                         ancestors=ancestors, uniforms=uniforms(dev["draws"]).view(n, r, -1))
         firsts, off, emits = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             count, nodes = len(plan.nodes), plan.nodes
@@ -353,21 +352,24 @@ class Rounds:
 def sampling_tables(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
                     nodes: int) -> dict[str, list[int]]:
     """What the device walk needs beside the rows, for every request of the round: each row's
-    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens and local
-    indices in child order, their counts, and the round's draws by (depth, index), every request
-    padded to the round's widest node and deepest tree (a draw is addressed by (depth, index), so
-    padding adds draws and changes none)."""
+    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens, gather
+    indices and local indices in child order, their counts, and each row's draws of the round (its
+    depth's, by index), every request padded to the round's widest node (a draw is addressed by
+    (round, depth, index), so padding adds draws and changes none)."""
     kids = [children_lists(plan.tree) for plan in plans]
     most = max(1, *(len(k.get(r, ())) for plan, k in zip(plans, kids) for r in (-1, *plan.nodes)))
-    depth = max(plan.tree.max_depth for plan in plans) + 1
-    out: dict[str, list[int]] = {"child_tokens": [], "child_local": [], "child_count": [], "draws": []}
+    out: dict[str, list[int]] = {"child_tokens": [], "child_index": [], "child_local": [], "child_count": [],
+                                 "draws": []}
     for plan, k, draw, round_ in zip(plans, kids, draws, rounds):
         tree, mine = plan.tree, plan.nodes
+        table = draw.table(round_, tree.max_depth + 1, most + 1)
         for r in [-1, *mine, *[None] * (nodes - len(mine))]:
             children = k.get(r, []) if r is not None else []
-            pad = [-1] * (most - len(children))
-            out["child_tokens"] += [tree.tokens[u] for u in children] + pad
-            out["child_local"] += [u - mine.start if u in mine else -1 for u in children] + pad
+            tokens, pad = [tree.tokens[u] for u in children], most - len(children)
+            out["child_tokens"] += tokens + [-1] * pad
+            out["child_index"] += tokens + [tokens[0] if tokens else 0] * pad
+            out["child_local"] += [u - mine.start if u in mine else -1 for u in children] + [-1] * pad
             out["child_count"].append(len(children))
-        out["draws"] += draw.table(round_, depth, most + 1)
+            depth = tree.depths[r] if r is not None and r >= 0 else 0      # the root and PAD rows: depth 0
+            out["draws"] += table[depth * (most + 1):(depth + 1) * (most + 1)]
     return out

@@ -132,44 +132,43 @@ def children_lists(tree: TokenTree) -> dict[int, list[int]]:
     return out
 
 
-def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child_local: torch.Tensor,
-                          child_count: torch.Tensor, depths: torch.Tensor, parents: torch.Tensor,
+def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child_index: torch.Tensor,
+                          child_local: torch.Tensor, child_count: torch.Tensor, parent_rows: torch.Tensor,
                           ancestors: torch.Tensor, uniforms: torch.Tensor):
     """The walk of `verify_tree_sampling`, on the device for every request of a round and every row
     at once, no host read.
 
     For request b, row 0 is the root (the ordinary row), row 1 + j this rank's local node j (PAD
     nodes after its own: no children, never accepted). `dists` [B, R, V] are the rows' warped
-    distributions, `child_tokens` / `child_local` [B, R, M] each row's children in child order
-    (token, -1 for padding; local index, -1 for a child this rank does not own or padding),
-    `child_count` [B, R], `depths` / `parents` (-1: the root) [B, N], `ancestors` [B, N, N] and
-    `uniforms` [B, D + 1, M + 1] the draws by (depth, index). Every row tests its children as
-    one-hot proposals with its own draws and samples its residual; the walk is then the chain of
-    accepted children from the root (like greedy's accepted path). Returns (first token [B],
-    accepted [B, N] bool, emitted [B, N]: what each node emits after itself)."""
+    distributions; `child_tokens` / `child_index` / `child_local` [B, R, M] each row's children in
+    child order (token, -1 for padding; the token with padding repeating the first child, 0 without
+    children; local index, -1 for a child this rank does not own or padding), `child_count` [B, R],
+    `parent_rows` [B, N] each node's parent row (0: the root), `ancestors` [B, N, N] and `uniforms`
+    [B, R, M + 1] each row's draws (its depth's, by index). Every row tests its children as one-hot
+    proposals with its own draws and samples its residual; the walk is then the chain of accepted
+    children from the root (like greedy's accepted path). Returns (first token [B], off the
+    accepted path [B, N] bool, emitted [B, N]: what each node emits after itself)."""
     m = child_tokens.shape[-1]
-    row_depth = torch.nn.functional.pad(depths, (1, 0))            # [B, R]: the root at depth 0
-    u = uniforms.gather(1, row_depth[..., None].expand(-1, -1, m + 1))    # [B, R, M + 1]
     # Child i is tested against the residual left by rejecting children 0..i-1: their mass is gone
     # from the total (children's tokens are distinct), so every test is one [B, R, M] compare and the
     # walk costs the same few ops however many children a node has and however many requests.
     valid = child_tokens >= 0
-    index = torch.where(valid, child_tokens, child_tokens[..., :1]).clamp(min=0)   # padding: the first child
-    pt = torch.where(valid, dists.gather(-1, index), 0.0)
+    pt = torch.where(valid, dists.gather(-1, child_index), 0.0)
     left = dists.sum(-1, keepdim=True) - (pt.cumsum(-1) - pt)
-    accept = valid & (u[..., :m] * left < pt)
+    accept = valid & (uniforms[..., :m] * left < pt)
     hit = accept.any(-1)
     pick = accept.to(torch.uint8).argmax(-1, keepdim=True)          # the first accepted child
-    chosen_tok = torch.where(hit, child_tokens.gather(-1, pick)[..., 0], -1)
+    chosen_tok = torch.where(hit, child_index.gather(-1, pick)[..., 0], -1)
     chosen_loc = torch.where(hit, child_local.gather(-1, pick)[..., 0], -1)
-    rejected = torch.zeros_like(dists, dtype=torch.bool).scatter_(-1, index, valid | valid[..., :1])
+    # padding entries repeat the first child's index: they mark it too, never unmark it
+    rejected = torch.zeros_like(dists, dtype=torch.bool).scatter_(-1, child_index, valid | valid[..., :1])
     p = dists.masked_fill(rejected, 0.0)                       # every child rejected: the residual
     cdf = p.cumsum(-1)                                         # every row's residual draw
-    target = u.gather(-1, child_count[..., None]) * cdf[..., -1:]
+    target = uniforms.gather(-1, child_count[..., None]) * cdf[..., -1:]
     drawn = torch.searchsorted(cdf, target, right=True)[..., 0]
     last = (torch.arange(p.shape[-1], device=p.device) * (p > 0)).max(-1).values
     token = torch.where(chosen_tok >= 0, chosen_tok, torch.minimum(drawn, last))
-    nodes = torch.arange(depths.shape[-1], device=p.device)
-    by_parent = chosen_loc.gather(1, parents + 1) == nodes     # parents -1 -> row 0, the root
-    accepted = ~(ancestors & ~by_parent[:, None, :]).any(-1)
-    return token[:, 0], accepted, token[:, 1:]
+    nodes = torch.arange(parent_rows.shape[-1], device=p.device)
+    by_parent = chosen_loc.gather(1, parent_rows) == nodes     # node j is its parent row's accepted child
+    off_path = (ancestors & ~by_parent[:, None, :]).any(-1)
+    return token[:, 0], off_path, token[:, 1:]
