@@ -304,15 +304,20 @@ def fmt(value, spec: str) -> str:
               help="transformers generate static batch sizes (1 is always run: it is the ids reference)")
 @click.option("--cb-batches", "cb_batches", default=None,
               help="transformers continuous batching: requests per step (default: --batches; 'none': skip it)")
+@click.option("--no-drafts-batches", "plain_batches", default=None,
+              help="lp no drafts batch sizes (default: --batches; 'none': skip them)")
 @click.option("--threads", default=2, show_default=True, help="torch CPU threads (0: leave as is)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="also write every figure")
-def main(config_path, overrides, limit, batches, generate_batches, cb_batches, threads, json_path):
+def main(config_path, overrides, limit, batches, generate_batches, cb_batches, plain_batches, threads,
+         json_path):
     if threads:
         torch.set_num_threads(threads)
     lp_sizes = sizes(batches, "--batches")
     gen_sizes = sizes(generate_batches, "--generate-batches")
     gen_sizes = [1, *(k for k in gen_sizes if k != 1)]     # generate 1 first: it is the ids reference
     cb_sizes = [] if cb_batches == "none" else sizes(cb_batches, "--cb-batches") if cb_batches else lp_sizes
+    plain_sizes = ([] if plain_batches == "none" else sizes(plain_batches, "--no-drafts-batches") if plain_batches
+                   else lp_sizes)
     try:
         cfg = load_config(config_path, [*overrides, *([f"data.limit={limit}"] if limit is not None else [])])
     except ConfigError as e:
@@ -340,7 +345,7 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, t
                f"{cfg.generation.max_new_tokens}, stop {list(cfg.generation.stop)!r}", err=True)
     for k in gen_sizes:
         bench.generate(k)
-    for b in lp_sizes:
+    for b in plain_sizes:
         bench.lp(f"lp no drafts {b}", "lp_no_drafts", plain, b)
     row_cost = None
     if cfg.lookahead.row_budget and max(lp_sizes) > 1:     # the job's row budget: its curve, measured once
@@ -390,7 +395,8 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, t
     ratios: dict[str, Any] = {
         "lp_lookahead_best_over_generate_best": top["tokens_per_s"] / top_gen["tokens_per_s"],
         "lp_lookahead_best_batch": top["batch"], "generate_best_batch": top_gen["batch"],
-        "lp_lookahead_over_no_drafts": {b: look[b]["tokens_per_s"] / plain_rows[b]["tokens_per_s"] for b in lp_sizes},
+        "lp_lookahead_over_no_drafts": {b: look[b]["tokens_per_s"] / plain_rows[b]["tokens_per_s"] for b in lp_sizes
+                                        if b in plain_rows},
     }
     click.echo(f"\nbest lp lookahead / best transformers generate: {ratios['lp_lookahead_best_over_generate_best']:.2f}x"
                f" ({top['tokens_per_s']:.2f} tok/s at B={top['batch']} vs {top_gen['tokens_per_s']:.2f} tok/s at "
@@ -401,14 +407,21 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, t
         ratios["cb_best_batch"] = top_cb["batch"]
         click.echo(f"best lp lookahead / best transformers CB: {ratios['lp_lookahead_best_over_cb_best']:.2f}x "
                    f"({top_cb['tokens_per_s']:.2f} tok/s at B={top_cb['batch']})")
-    click.echo("lp lookahead / lp no drafts, tok/s: "
-               + ", ".join(f"B={b} {r:.2f}x" for b, r in ratios["lp_lookahead_over_no_drafts"].items()))
+    if plain_rows:
+        click.echo("lp lookahead / lp no drafts, tok/s: "
+                   + ", ".join(f"B={b} {r:.2f}x" for b, r in ratios["lp_lookahead_over_no_drafts"].items()))
     base = min(lp_sizes)                     # B=1 unless --batches leaves it out
     ratios["latency_p50_base_batch"] = base
     ratios["lp_lookahead_p50_over_base_p50"] = {b: look[b]["latency_p50"] / look[base]["latency_p50"]
                                                 for b in lp_sizes}
     click.echo(f"lp lookahead p50 / its B={base} p50: "
                + ", ".join(f"B={b} {r:.2f}" for b, r in ratios["lp_lookahead_p50_over_base_p50"].items()))
+    job = cfg.generation.batch_size              # the config's own batch size: what its job ships with
+    if job in look:
+        ratios["job_batch"] = job
+        ratios["job_batch_over_generate_best"] = look[job]["tokens_per_s"] / top_gen["tokens_per_s"]
+        click.echo(f"the config's batch size B={job}: {ratios['job_batch_over_generate_best']:.2f}x the best "
+                   f"transformers generate, p50 {ratios['lp_lookahead_p50_over_base_p50'][job]:.2f}x its B={base} p50")
 
     if json_path:
         report = dict(config=config_path, overrides=list(overrides), limit=limit, model=loaded.name,

@@ -14,7 +14,8 @@ def test_bench_batch_on_the_default_job(tmp_path):
     out = tmp_path / "batch.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_batch.py"), "--config",
            str(ROOT / "configs" / "humaneval-smollm2.yaml"), "--limit", "2", "--set", "generation.max_new_tokens=16",
-           "--batches", "1,2", "--generate-batches", "1,2", "--json", str(out)]
+           "--batches", "1,2", "--generate-batches", "1,2", "--set", "generation.batch_size=2",
+           "--json", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,3 +50,20 @@ def test_bench_batch_on_the_default_job(tmp_path):
     assert set(ratios["lp_lookahead_over_no_drafts"]) == {"1", "2"}
     assert "best lp lookahead / best transformers generate:" in proc.stdout
     assert "lp lookahead / lp no drafts, tok/s: B=1" in proc.stdout
+    assert ratios["job_batch"] == 2 and ratios["job_batch_over_generate_best"] > 0   # the config's own batch size
+    assert "the config's batch size B=2:" in proc.stdout
+
+
+def test_bench_batch_can_leave_the_no_drafts_columns_out(tmp_path):
+    """--no-drafts-batches none: lp with drafts and generate only (the 164-prompt run's shape)."""
+    out = tmp_path / "batch.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_batch.py"), "--limit", "1", "--set",
+           "generation.max_new_tokens=8", "--batches", "1", "--generate-batches", "1", "--cb-batches", "none",
+           "--no-drafts-batches", "none", "--json", str(out)]
+    proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [s["system"] for s in report["systems"]] == ["generate 1", "lp lookahead 1"]
+    assert report["ratios"]["lp_lookahead_over_no_drafts"] == {} and "lp no drafts" not in proc.stdout
+    assert report["systems"][1]["ids_equal"] == 1
