@@ -24,6 +24,7 @@ and including the token that completes a stop string or EOS, cut exactly as lp c
   decode_batch as a batched job runs them: requests join in task order as slots free up, and with
   `lookahead.job_cache` each result's ids are added to the job-wide index as it ends. Latency: a
   request's decode_seconds (its first round to its last).
+  `--no-drafts-batches` sets the no-drafts batch sizes apart ('none': leave them out).
 
 Columns: tokens/s (useful tokens over the wall time), latency p50 and p95 (seconds, over the prompts),
 S (useful tokens / request-forwards: each prompt's forwards summed; a static batch keeps a prompt in
