@@ -128,6 +128,7 @@ def test_estimates_come_from_what_was_measured(report):
         # the basis rounds the start-up to 0.1 s; the report rounds its seconds
         assert stages[name]["estimate_s"] == pytest.approx(expected, rel=0.01, abs=0.06 * ranks), name
 
+
 def gcheck_floors() -> dict:
     return {**_module().SMALL.floors, "lp-p2": _module().SMALL.floors["lp"]}
 
