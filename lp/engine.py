@@ -324,10 +324,11 @@ class Rounds:
             return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
         if self.on_device:      # every request's walk at once
             n, r = len(plans), 1 + shape.nodes
-            children = {name: dev[name].view(n, r, -1) for name in ("child_tokens", "child_index", "child_local")}
+            children = {name: dev[name].view(n, r, -1) for name in ("child_tokens", "child_index")}
             return tree_sampling_verdict(distribution(frame[:, d:], self.warp), **children,
-                                         child_count=dev["child_count"].view(n, r), parent_rows=v["par"],
-                                         ancestors=ancestors, uniforms=uniforms(dev["draws"]).view(n, r, -1))
+                                         child_count=dev["child_count"].view(n, r), node_tokens=v["tok"],
+                                         parent_rows=v["par"], ancestors=ancestors,
+                                         uniforms=uniforms(dev["draws"]).view(n, r, -1))
         firsts, off, emits = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             count, nodes = len(plan.nodes), plan.nodes
@@ -352,14 +353,13 @@ class Rounds:
 def sampling_tables(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
                     nodes: int) -> dict[str, list[int]]:
     """What the device walk needs beside the rows, for every request of the round: each row's
-    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens, gather
-    indices and local indices in child order, their counts, and each row's draws of the round (its
-    depth's, by index), every request padded to the round's widest node (a draw is addressed by
-    (round, depth, index), so padding adds draws and changes none)."""
+    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens and gather
+    indices in child order, their counts, and each row's draws of the round (its depth's, by
+    index), every request padded to the round's widest node (a draw is addressed by (round, depth,
+    index), so padding adds draws and changes none)."""
     kids = [children_lists(plan.tree) for plan in plans]
     most = max(1, *(len(k.get(r, ())) for plan, k in zip(plans, kids) for r in (-1, *plan.nodes)))
-    out: dict[str, list[int]] = {"child_tokens": [], "child_index": [], "child_local": [], "child_count": [],
-                                 "draws": []}
+    out: dict[str, list[int]] = {"child_tokens": [], "child_index": [], "child_count": [], "draws": []}
     for plan, k, draw, round_ in zip(plans, kids, draws, rounds):
         tree, mine = plan.tree, plan.nodes
         table = draw.table(round_, tree.max_depth + 1, most + 1)
@@ -368,7 +368,6 @@ def sampling_tables(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: 
             tokens, pad = [tree.tokens[u] for u in children], most - len(children)
             out["child_tokens"] += tokens + [-1] * pad
             out["child_index"] += tokens + [tokens[0] if tokens else 0] * pad
-            out["child_local"] += [u - mine.start if u in mine else -1 for u in children] + [-1] * pad
             out["child_count"].append(len(children))
             depth = tree.depths[r] if r is not None and r >= 0 else 0      # the root and PAD rows: depth 0
             out["draws"] += table[depth * (most + 1):(depth + 1) * (most + 1)]

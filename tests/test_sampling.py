@@ -277,3 +277,68 @@ def test_sampling_cuts_inside_a_long_lookup_round(model8):
             done += e
     print(f'sampling cuts inside long rounds: {cuts} max_new, {eos_cuts} eos')
     assert cuts >= 3 and eos_cuts >= 1
+
+
+# ---------------------------------------------------------------- the device walk is the host walk
+
+def random_round(gen, vocab=4):
+    """One request's round: a random tree over `vocab` tokens, its rows' distributions (the root's,
+    then each node's; some tokens at probability 0, sometimes every token but the children's) and
+    the whole root subtrees one LP rank owns."""
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen))  # noqa: E731
+    tree = tree_of([tuple(torch.randint(0, vocab, (rand(1, 5),), generator=gen).tolist()) for _ in range(rand(0, 7))])
+    dists = torch.rand(1 + len(tree), vocab, generator=gen, dtype=torch.float64)
+    dists[torch.rand(dists.shape, generator=gen) < 0.3] = 0.0
+    dists[:, rand(0, vocab)] += 0.05                  # every row keeps some mass
+    if rand(0, 3) == 0:                               # a row whose mass is all on its children
+        kids = [tree.tokens[u] for u in range(len(tree)) if tree.parents[u] == -1]
+        if kids:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[kids] = True
+            dists[0] = torch.where(keep, dists[0] + 0.01, 0.0)
+    units = tree.units()
+    lo = rand(0, len(units) + 1)
+    hi = rand(lo, len(units) + 1)
+    nodes = range(sum(units[:lo]), sum(units[:hi]))
+    return tree, dists / dists.sum(-1, keepdim=True), nodes
+
+
+def test_the_device_walk_is_the_host_walk():
+    """The batched device walk (tree_sampling_verdict, on the engine's own tables) takes every
+    decision the host walk (verify_tree_sampling) takes with the same draws: the first token, the
+    accepted path and what it emits, for rounds of 1-4 requests of random trees, distributions with
+    zeros and LP ranks owning some root subtrees."""
+    from types import SimpleNamespace
+
+    from lp.decode.device import uniforms
+    from lp.decode.sampling import tree_sampling_verdict
+    from lp.decode.verify import frame_ancestors, node_frame, path_verdicts
+    from lp.engine import sampling_tables
+
+    gen, width, compared, deep = torch.Generator().manual_seed(5), 8, Counter(), 0
+    for round_ in range(600):
+        cases = [random_round(gen) for _ in range(int(torch.randint(1, 5, (1,), generator=gen)))]
+        draws = [Draws(7, f"r{i}") for i in range(len(cases))]
+        size = max(len(nodes) for _, _, nodes in cases)
+        plans = [SimpleNamespace(tree=tree, nodes=nodes) for tree, _, nodes in cases]
+        tables = {k: torch.tensor(v) for k, v in sampling_tables(plans, draws, [round_] * len(cases), size).items()}
+        frames = [node_frame(tree, nodes, size, width, ends=True) for tree, _, nodes in cases]
+        field = lambda name: torch.tensor([f[name] for f in frames]).view(len(cases), size)  # noqa: E731
+        rows = torch.stack([torch.cat([d[:1], d[1 + nodes.start:1 + nodes.stop],
+                                       torch.full((size - len(nodes), d.shape[1]), 1.0 / d.shape[1])])
+                            for _, d, nodes in cases])
+        n, r = len(cases), 1 + size
+        first, off_path, emitted = tree_sampling_verdict(
+            rows, tables["child_tokens"].view(n, r, -1), tables["child_index"].view(n, r, -1),
+            tables["child_count"].view(n, r), field("tok"), field("par"), frame_ancestors(field("end")),
+            uniforms(tables["draws"]).view(n, r, -1))
+        hits, node, after, _ = path_verdicts(first, off_path, emitted, field("depth"), field("step"),
+                                             torch.tensor([nodes.start for *_, nodes in cases]), width)
+        for i, ((tree, d, nodes), draw) in enumerate(zip(cases, draws)):
+            want = verify_tree_sampling(d[0], tree, lambda u: d[1 + u], draw, round_, owned=lambda u: u in nodes)
+            got = [int(first[i])] + after[i, :int(hits[i])].tolist()
+            assert (got, int(hits[i])) == (want.emitted, want.hits), (round_, i)
+            assert want.hits == 0 or int(node[i]) == want.node, (round_, i)
+            compared[min(want.hits, 2)] += 1
+            deep = max(deep, want.hits)
+    assert min(compared.values()) > 50 and deep >= 3, (compared, deep)      # rejections and deep accepts alike

@@ -31,6 +31,7 @@ from transformers.generation.logits_process import (
 )
 
 from lp.decode.tree import TokenTree
+from lp.decode.verify import node_mismatch
 
 
 def warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
@@ -67,11 +68,18 @@ class Draws:
         return [self.bits(round_, d, i) for d in range(depths) for i in range(width)]
 
 
+def draw_target(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Where the inverse-CDF draw of `u` in [0, 1) lands on the (unnormalised) `cdf` [..., V]: (1 - u) x
+    the total, in (0, total] (1 - u is exact for a 53-bit u, and the product never rounds above the
+    total), so the first slot whose cdf reaches it (searchsorted, left) holds a token of positive
+    probability: never a zero-probability token at either end."""
+    return (1.0 - u) * cdf[..., -1:]
+
+
 def sample(p: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from a (possibly unnormalised) probability vector."""
+    """Inverse-CDF draw from a (possibly unnormalised) probability vector (the device walk's rule)."""
     cdf = torch.cumsum(p, 0)
-    i = int(torch.searchsorted(cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype), right=True))
-    return min(i, int(torch.nonzero(p).max()))   # rounding at the top end: the last possible token
+    return int(torch.searchsorted(cdf, draw_target(cdf, torch.tensor([u], dtype=cdf.dtype))))
 
 
 def try_proposals(p: torch.Tensor, proposals: Sequence[int], uniform: Callable[[int], float]) -> tuple[int, bool]:
@@ -133,42 +141,35 @@ def children_lists(tree: TokenTree) -> dict[int, list[int]]:
 
 
 def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child_index: torch.Tensor,
-                          child_local: torch.Tensor, child_count: torch.Tensor, parent_rows: torch.Tensor,
+                          child_count: torch.Tensor, node_tokens: torch.Tensor, parent_rows: torch.Tensor,
                           ancestors: torch.Tensor, uniforms: torch.Tensor):
     """The walk of `verify_tree_sampling`, on the device for every request of a round and every row
-    at once, no host read.
+    at once, no host read, in a fixed two dozen ops whatever the trees' width and depth and the batch.
 
     For request b, row 0 is the root (the ordinary row), row 1 + j this rank's local node j (PAD
     nodes after its own: no children, never accepted). `dists` [B, R, V] are the rows' warped
-    distributions; `child_tokens` / `child_index` / `child_local` [B, R, M] each row's children in
-    child order (token, -1 for padding; the token with padding repeating the first child, 0 without
-    children; local index, -1 for a child this rank does not own or padding), `child_count` [B, R],
-    `parent_rows` [B, N] each node's parent row (0: the root), `ancestors` [B, N, N] and `uniforms`
-    [B, R, M + 1] each row's draws (its depth's, by index). Every row tests its children as one-hot
-    proposals with its own draws and samples its residual; the walk is then the chain of accepted
-    children from the root (like greedy's accepted path). Returns (first token [B], off the
-    accepted path [B, N] bool, emitted [B, N]: what each node emits after itself)."""
+    distributions; `child_tokens` / `child_index` [B, R, M] each row's children in child order
+    (token, -1 for padding; the token with padding repeating the first child, 0 without children),
+    `child_count` [B, R], `node_tokens` / `parent_rows` [B, N] each node's token (PAD: -1) and parent
+    row (0: the root), `ancestors` [B, N, N] and `uniforms` [B, R, M + 1] each row's draws (its
+    depth's, by index). Every row tests its children as one-hot proposals with its own draws and
+    samples its residual; the walk is then the chain of accepted children from the root, found as
+    greedy's accepted path is (lp.decode.verify.node_mismatch, with each row's emitted token in the
+    place of its argmax). Returns (first token [B], off the accepted path [B, N] bool, emitted
+    [B, N]: what each node emits after itself)."""
     m = child_tokens.shape[-1]
     # Child i is tested against the residual left by rejecting children 0..i-1: their mass is gone
-    # from the total (children's tokens are distinct), so every test is one [B, R, M] compare and the
-    # walk costs the same few ops however many children a node has and however many requests.
+    # from the total (children's tokens are distinct), so every test is one [B, R, M] compare.
     valid = child_tokens >= 0
     pt = torch.where(valid, dists.gather(-1, child_index), 0.0)
-    left = dists.sum(-1, keepdim=True) - (pt.cumsum(-1) - pt)
+    left = dists.sum(-1, keepdim=True) - pt.cumsum(-1) + pt
     accept = valid & (uniforms[..., :m] * left < pt)
-    hit = accept.any(-1)
-    pick = accept.to(torch.uint8).argmax(-1, keepdim=True)          # the first accepted child
-    chosen_tok = torch.where(hit, child_index.gather(-1, pick)[..., 0], -1)
-    chosen_loc = torch.where(hit, child_local.gather(-1, pick)[..., 0], -1)
-    # padding entries repeat the first child's index: they mark it too, never unmark it
-    rejected = torch.zeros_like(dists, dtype=torch.bool).scatter_(-1, child_index, valid | valid[..., :1])
-    p = dists.masked_fill(rejected, 0.0)                       # every child rejected: the residual
-    cdf = p.cumsum(-1)                                         # every row's residual draw
-    target = uniforms.gather(-1, child_count[..., None]) * cdf[..., -1:]
-    drawn = torch.searchsorted(cdf, target, right=True)[..., 0]
-    last = (torch.arange(p.shape[-1], device=p.device) * (p > 0)).max(-1).values
-    token = torch.where(chosen_tok >= 0, chosen_tok, torch.minimum(drawn, last))
-    nodes = torch.arange(parent_rows.shape[-1], device=p.device)
-    by_parent = chosen_loc.gather(1, parent_rows) == nodes     # node j is its parent row's accepted child
-    off_path = (ancestors & ~by_parent[:, None, :]).any(-1)
+    chosen = child_index.gather(-1, accept.to(torch.uint8).argmax(-1, keepdim=True))[..., 0]  # the first accepted
+    # every child rejected: the residual (each child's mass taken off exactly; padding takes off 0)
+    cdf = dists.scatter_add(-1, child_index, pt.neg()).cumsum(-1)
+    drawn = torch.searchsorted(cdf, draw_target(cdf, uniforms.gather(-1, child_count[..., None])))[..., 0]
+    token = torch.where(accept.any(-1), chosen, drawn)
+    # node j is on the path when every node from the root to it is its parent row's emitted token: an
+    # accepted child (siblings' tokens are distinct; a residual draw is none of them; PAD is -1)
+    off_path = node_mismatch(token, node_tokens, parent_rows, ancestors)
     return token[:, 0], off_path, token[:, 1:]
