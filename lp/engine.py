@@ -144,7 +144,8 @@ def decode_batch(
     comm = comm or Comm()
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
-    rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost)
+    rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost,
+                    batch_size)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
@@ -216,7 +217,7 @@ class Rounds:
 
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
-                 row_cost: Callable[[int, int], float] | None = None):
+                 row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1):
         self.model, self.comm, self.kinds, self.row_cost = model, comm, kinds, row_cost
         self.tree_budget = lookahead.tree_budget or None
         self.acceptance, self.offered = Acceptance(), None      # the row budget's learned chances
@@ -230,6 +231,9 @@ class Rounds:
         self.warp = (warpers(generation.temperature, generation.top_k, generation.top_p)
                      if generation.sampling else None)
         self.uploader = Uploader(self.device)
+        # the payload's fixed operands, made once: its zeros and its deepest level's padding
+        self.zeros = torch.zeros(batch_size, self.width + 1, dtype=torch.long, device=self.device)
+        self.filler = torch.full((batch_size, self.deep_slots), -1, dtype=torch.long, device=self.device)
         self.cache = None
 
     def run(self, states: list[RequestState], stats: BatchStats) -> None:
@@ -262,9 +266,9 @@ class Rounds:
         else:        # greedy, no tree on this rank: z* alone
             first, off_path, emitted = predicted[:, shape.deep], v["tok"] < 0, v["tok"]
         hits, node, after, slot = path_verdicts(first, off_path, emitted, v["depth"], v["step"], v["meta"][:, 0],
-                                                width)
+                                                width, self.zeros)
         payload = pack_payloads(first, hits, node, v["meta"][:, 1:], after, predicted[:, :shape.deep],
-                                self.deep_slots)
+                                self.deep_slots, self.filler)
         if comm.world == 1 and nodes:      # the accepted paths' K/V to their frontiers, on the device
             publish(cache, v["dst"].scatter(1, slot, v["nslot"])[:, :width], v["dst"][:, :width], v["rows"])
         gathered = comm.all_gather(payload.flatten()).tolist()   # the round's one read

@@ -198,7 +198,7 @@ def test_padding_rows_see_only_themselves():
     mask = round_mask(dev["pre"].view(1, -1), dev["keys"], dev["past"].view(1, 1), 64, torch.float64)
     seen = (mask.attention[0, 0] == 0)
     assert (seen == mask.seen[0]).all() and shape.q == q + 3 and cache.length == 64
-    slot = [5 + i for i in sections["order"]]          # fed row i -> its cache slot
+    slot = sections["slot"]                            # fed row i -> its cache slot
     fed = [s - 5 for s in slot]                        # ...its index in the round (PAD: >= q)
     vis = visibility(rnd.rows, pads=3)
     for i, r in enumerate(fed):

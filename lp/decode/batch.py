@@ -56,8 +56,8 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
     committed cache slots, `rows` their cache rows, `width` the deepest tree node; `fit` pads Q to
     a few sizes and `fixed` (compiled rounds) K too.
 
-    Sections, request after request: per fed row "ids", "pos", "order" (its index in the round:
-    its cache slot is past + order) and "pre" (its preorder number, lp/decode/layout.py); "keys"
+    Sections, request after request: per fed row "ids", "pos", "slot" (its cache slot: past + its
+    index in the round) and "pre" (its preorder number, lp/decode/layout.py); "keys"
     (round_mask's key table); "past" and "rows" (the cache row); per node-frame row "tok" (-1:
     PAD), "par" (the parent's index in [z*, nodes]), "depth" (0: PAD) and "step" (depth - 1;
     PAD: width, a spare); "dst" (the frontier slots publication fills, and a spare); "meta"
@@ -67,7 +67,7 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
     others = max(len(p.rnd) - 1 - len(p.rnd.deep_rows) - len(p.nodes) for p in plans)
     q = fit(others + deep + 1 + nodes)
     k = min(bucket(deep + 1 + nodes), q) if fixed else deep + 1 + nodes
-    names = ("ids", "pos", "order", "pre", "keys", "past", "rows", "tok", "par", "depth", "step", "dst", "meta")
+    names = ("ids", "pos", "slot", "pre", "keys", "past", "rows", "tok", "par", "depth", "step", "dst", "meta")
     out: dict[str, list[int]] = {name: [] for name in names}
     for plan, past, row in zip(plans, pasts, rows):
         rnd = plan.rnd
@@ -92,7 +92,7 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
         out["ids"] += fed(tok_of)
         out["pos"] += fed(pos_of)
         out["pre"] += fed(pre_of)
-        out["order"] += order
+        out["slot"] += [past + i for i in order]
         out["keys"] += [0, *pre_of, FUTURE, size + 1, *end_of, FUTURE, 0, *pos_of, 0]
         out["past"].append(past)
         out["rows"].append(row)
@@ -115,8 +115,8 @@ def forward_round(model, dev: dict[str, torch.Tensor], n: int, shape: Packed, fi
     q = shape.q
     span = span or cache.length
     pre, pos, past = dev["pre"].view(n, q), dev["pos"].view(n, q), dev["past"].view(n, 1)
-    mask = round_mask(pre, dev["keys"], past, span, model.dtype, kinds, pos)
-    slots = dev["order"].view(n, q) + past
+    mask = round_mask(pre, dev["keys"], past, span, model.dtype, kinds, pos, cache.numbers)
+    slots = dev["slot"].view(n, q)
     cache.rows = None if cache.batch == 1 else slice(first_row, first_row + n)
     logits = forward_logits(model, dev["ids"].view(n, q), pos, mask.attention, cache, shape.k,
                             slots[0] if n == 1 else slots, compiled)

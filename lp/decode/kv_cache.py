@@ -117,6 +117,7 @@ class RoundCache(Cache):
         self.rows: slice | None = None
         self.slots: torch.Tensor | None = None
         self.batch_index = torch.arange(batch, device=param.device)[:, None]
+        self.numbers = torch.arange(length + 1, device=param.device)    # slot numbers for the round's mask
         shapes = layer_shapes(model)
         kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
         groups = list(dict.fromkeys(kinds))

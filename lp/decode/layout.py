@@ -146,7 +146,8 @@ class RoundMask(NamedTuple):
 
 
 def round_mask(pre: torch.Tensor, keys: torch.Tensor, past: torch.Tensor, span: int, dtype: torch.dtype,
-               kinds: dict[str, LayerAttention] | None = None, pos: torch.Tensor | None = None) -> RoundMask:
+               kinds: dict[str, LayerAttention] | None = None, pos: torch.Tensor | None = None,
+               numbers: torch.Tensor | None = None) -> RoundMask:
     """Additive 4-D mask [B, 1, Q, span] for B requests' rounds over the first `span` slots of their
     cache rows, built on the rows' device in a fixed handful of ops. `pre` [B, Q]: each fed row's
     preorder number; `keys` [B, 3, Q + 2]: the table of (pre, end, position) by slot, entry 0 for
@@ -160,16 +161,18 @@ def round_mask(pre: torch.Tensor, keys: torch.Tensor, past: torch.Tensor, span: 
     more positions behind it, a chunked row keys outside its chunk. With one layer type the mask
     is one tensor, with several a mapping from type name to mask (what transformers' models take
     per layer); without windows nothing changes. Committed slot i holds position i; the round's
-    slots hold their rows' positions."""
+    slots hold their rows' positions. `numbers`: arange(span + 1) or longer on the rows' device, made
+    once (RoundCache.numbers), so that a round makes none."""
     b, q = pre.shape
-    entry = (torch.arange(1, span + 1, device=pre.device) - past).clamp_(0, q + 1)     # [B, span]
+    numbers = numbers if numbers is not None else torch.arange(span + 1, device=pre.device)
+    entry = (numbers[1:span + 1] - past).clamp_(0, q + 1)                               # [B, span]
     table = keys.view(b, 3, q + 2).gather(2, entry[:, None, :].expand(b, 3, span))     # [B, 3, span]
     query = pre[:, :, None]
     seen = (table[:, None, 0] <= query) & (query < table[:, None, 1])                  # [B, Q, span]
     low = torch.finfo(dtype).min
     if not kinds or not windowed(kinds):
         return RoundMask(_additive(seen, dtype, low), seen)
-    slot = torch.arange(span, device=pre.device)
+    slot = numbers[:span]
     kpos = torch.where(entry == 0, slot, table[:, 2])[:, None, :]
     qpos = pos[:, :, None]
     masks = {}

@@ -55,13 +55,16 @@ def node_mismatch(frame: torch.Tensor, tokens: torch.Tensor, parents: torch.Tens
 
 
 def path_verdicts(first: torch.Tensor, off_path: torch.Tensor, emitted: torch.Tensor, depths: torch.Tensor,
-                  steps: torch.Tensor, first_node: torch.Tensor,
-                  width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  steps: torch.Tensor, first_node: torch.Tensor, width: int,
+                  zeros: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verdicts of B requests' accepted paths (one node per depth from 1: the node-frame entries
     not `off_path` [B, N]): (hits [B], the deepest accepted node's index in the tree [B], what each
     path node emits (`emitted` [B, N]) by depth [B, width] (the first `hits` valid), each entry's
-    payload slot [B, N]: its depth - 1 on the path, the spare `width` off it), on the device."""
-    spare = torch.zeros(first.shape[0], width + 1, dtype=torch.long, device=first.device)
+    payload slot [B, N]: its depth - 1 on the path, the spare `width` off it), on the device.
+    `zeros`: a preallocated int64 zero tensor of at least [B, width + 1] (never written)."""
+    b = first.shape[0]
+    spare = (zeros[:b, :width + 1] if zeros is not None else
+             torch.zeros(b, width + 1, dtype=torch.long, device=first.device))
     if depths.shape[1] == 0:            # no nodes on this rank
         return spare[:, 0], spare[:, 0], spare[:, :width], steps
     hits, best = depths.masked_fill(off_path, 0).max(dim=1)
@@ -70,13 +73,17 @@ def path_verdicts(first: torch.Tensor, off_path: torch.Tensor, emitted: torch.Te
 
 
 def pack_payloads(first: torch.Tensor, hits: torch.Tensor, node: torch.Tensor, counts: torch.Tensor,
-                  after: torch.Tensor, deepest: torch.Tensor, deep_slots: int) -> torch.Tensor:
+                  after: torch.Tensor, deepest: torch.Tensor, deep_slots: int,
+                  filler: torch.Tensor | None = None) -> torch.Tensor:
     """Each request's fixed-size int64 payload on this worker, [B, HEADER + width + deep_slots]:
     [z, hits, node index, deepest count, rows this worker fed to its forward (`counts` [B, 2]),
     `width` tokens emitted after z (the first `hits` valid), deepest outputs (the first `count`
-    valid; the rest padding)]."""
-    deepest = torch.nn.functional.pad(deepest, (0, deep_slots - deepest.shape[1]), value=-1)
-    return torch.cat([first[:, None], hits[:, None], node[:, None], counts, after, deepest], dim=1)
+    valid; the rest padding, -1)]. `filler`: a preallocated int64 tensor of -1 of at least
+    [B, deep_slots] (never written), so that the padding costs no op."""
+    b, pad = first.shape[0], deep_slots - deepest.shape[1]
+    filler = (filler[:b, :pad] if filler is not None else
+              torch.full((b, pad), -1, dtype=torch.long, device=first.device))
+    return torch.cat([first[:, None], hits[:, None], node[:, None], counts, after, deepest, filler], dim=1)
 
 
 class Decision(NamedTuple):
