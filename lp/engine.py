@@ -24,7 +24,7 @@ import torch
 from lp.decode.arch import check_model
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, rows_per_request
-from lp.decode.device import Uploader, uniforms
+from lp.decode.device import Uploader
 from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_prefix, move_row, publish,
                                 round_cache)
 from lp.decode.layout import bucket
@@ -32,8 +32,7 @@ from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
-from lp.decode.sampling import (Draws, children_lists, distribution, tree_sampling_verdict, verify_tree_sampling,
-                                warpers)
+from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import TokenTree
 from lp.decode.verify import decide, node_mismatch, pack_payloads, path_verdicts
@@ -246,9 +245,9 @@ class Rounds:
             plans.append(state.plan(tree, mine[comm.rank].columns, mine[comm.rank].subtrees))
         sections, shape = pack_round(plans, [s.cached for s in states], [s.row for s in states], width, self.fit,
                                      self.compiled is not None)
-        if self.warp is not None and self.on_device:      # the walk's tables, every request padded alike
-            sections.update(sampling_tables(plans, [s.draws for s in states], [s.result.forwards for s in states],
-                                            shape.nodes))
+        if self.warp is not None and self.on_device:      # the walk's draws, every request padded alike
+            sections["draws"] = draw_words(plans, [s.draws for s in states], [s.result.forwards for s in states],
+                                           shape.nodes)
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
@@ -327,12 +326,8 @@ class Rounds:
         if self.warp is None:
             return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
         if self.on_device:      # every request's walk at once
-            n, r = len(plans), 1 + shape.nodes
-            children = {name: dev[name].view(n, r, -1) for name in ("child_tokens", "child_index")}
-            return tree_sampling_verdict(distribution(frame[:, d:], self.warp), **children,
-                                         child_count=dev["child_count"].view(n, r), node_tokens=v["tok"],
-                                         parent_rows=v["par"], ancestors=ancestors,
-                                         uniforms=uniforms(dev["draws"]).view(n, r, -1))
+            rest = dev["draws"].view(torch.float64).view(len(plans), 1 + shape.nodes)
+            return tree_sampling_verdict(distribution(frame[:, d:], self.warp), v["tok"], v["par"], ancestors, rest)
         firsts, off, emits = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             count, nodes = len(plan.nodes), plan.nodes
@@ -354,25 +349,13 @@ class Rounds:
         return torch.stack(firsts), torch.stack(off), torch.stack(emits)
 
 
-def sampling_tables(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
-                    nodes: int) -> dict[str, list[int]]:
-    """What the device walk needs beside the rows, for every request of the round: each row's
-    children (the root, then this rank's nodes, then PAD rows up to `nodes`) as tokens and gather
-    indices in child order, their counts, and each row's draws of the round (its depth's, by
-    index), every request padded to the round's widest node (a draw is addressed by (round, depth,
-    index), so padding adds draws and changes none)."""
-    kids = [children_lists(plan.tree) for plan in plans]
-    most = max(1, *(len(k.get(r, ())) for plan, k in zip(plans, kids) for r in (-1, *plan.nodes)))
-    out: dict[str, list[int]] = {"child_tokens": [], "child_index": [], "child_count": [], "draws": []}
-    for plan, k, draw, round_ in zip(plans, kids, draws, rounds):
-        tree, mine = plan.tree, plan.nodes
-        table = draw.table(round_, tree.max_depth + 1, most + 1)
-        for r in [-1, *mine, *[None] * (nodes - len(mine))]:
-            children = k.get(r, []) if r is not None else []
-            tokens, pad = [tree.tokens[u] for u in children], most - len(children)
-            out["child_tokens"] += tokens + [-1] * pad
-            out["child_index"] += tokens + [tokens[0] if tokens else 0] * pad
-            out["child_count"].append(len(children))
-            depth = tree.depths[r] if r is not None and r >= 0 else 0      # the root and PAD rows: depth 0
-            out["draws"] += table[depth * (most + 1):(depth + 1) * (most + 1)]
+def draw_words(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
+               nodes: int) -> list[int]:
+    """The device walk's draws for every request of the round: each row's (the root, then this
+    rank's nodes, then PAD rows up to `nodes`) at its depth (the root and PAD rows: 0), as
+    Draws.words writes them."""
+    out: list[int] = []
+    for plan, draw, round_ in zip(plans, draws, rounds):
+        depths = plan.tree.depths
+        out += draw.words(round_, [0, *(depths[u] for u in plan.nodes), *[0] * (nodes - len(plan.nodes))])
     return out

@@ -2,7 +2,7 @@
 aten ops, counted on the CPU by lp.measure.round_ops; on a GPU each is at least one kernel launch),
 whatever the tree's depth, the round's size or the batch: greedy rounds with the window, lookup
 spans and token trees at depths 4, 16 and 32, the default job's suffix trees, and batches of 4; sampled
-rounds within SAMPLING_OPS, whatever the tree's width or the batch."""
+rounds too, whatever the tree's width or the batch (transformers' top-k and top-p warpers add their own)."""
 from pathlib import Path
 
 import pytest
@@ -89,9 +89,6 @@ def test_the_counter_sees_ops_and_leaves_out_views_and_the_forward(model16):
     assert "argmax" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0
 
 
-SAMPLING_OPS = 54      # the greedy round's 27, the temperature warper's 2 and the walk's 22, for the whole batch
-
-
 @pytest.mark.parametrize("candidates", [1, 2, 6])
 def test_sampling_round_ops_do_not_grow_with_the_trees_width(model16, depths, candidates):
     """The device walk tests every node's children at once: its ops do not grow with how many
@@ -102,7 +99,7 @@ def test_sampling_round_ops_do_not_grow_with_the_trees_width(model16, depths, ca
         r = lookahead_generate(model16, PROMPT, params, gen, sampling_on_device=True)
     assert len(ops.rounds) == r.forwards > 3 and max(depths) >= 8
     decoding = ops.rounds[1:]                        # the prefill round has no tree
-    assert max(decoding) <= SAMPLING_OPS, (ops.rounds, ops.ops)
+    assert max(decoding) <= ROUND_OPS, (ops.rounds, ops.ops)
     assert max(decoding) - min(decoding) <= 8, ops.rounds   # publication or not: one shape of work otherwise
 
 
@@ -122,6 +119,25 @@ def test_sampling_round_ops_do_not_grow_with_the_batch(model16, depths, monkeypa
         results = dict(decode_batch(model16, prompts, params, gen, batch_size=4, sampling_on_device=True))
     assert len(results) == 6 and all(not isinstance(r, Exception) for r in results.values()) and max(depths) >= 8
     assert sizes.count(4) > 3 and len(sizes) == len(ops.rounds)
-    assert max(ops.rounds) <= SAMPLING_OPS, (ops.rounds, ops.ops)
+    assert max(ops.rounds) <= ROUND_OPS, (ops.rounds, ops.ops)
     one = [k for k, n in zip(ops.rounds, sizes) if n == 1]
     assert max(k for k, n in zip(ops.rounds, sizes) if n == 4) <= max(one) + 2, (ops.rounds, sizes)
+
+
+def test_top_k_and_top_p_add_only_their_warpers_ops(model16):
+    """A round with top-k and top-p costs the temperature-only round plus what transformers' two
+    warpers dispatch on their own, nothing more: the walk is the same whatever the warping."""
+    from lp.decode.sampling import warpers
+    params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=16)
+    rounds = {}
+    for top_k, top_p in ((0, 1.0), (5, 0.9)):
+        gen = GenerationParams(24, temperature=0.8, top_k=top_k, top_p=top_p, seed=3)
+        with RoundOps().counting() as ops:
+            lookahead_generate(model16, PROMPT, params, gen, sampling_on_device=True)
+        rounds[top_k] = max(ops.rounds[1:])
+    scores = torch.randn(3, 16, dtype=torch.float64)
+    with RoundOps() as alone:
+        alone._in_round, alone.rounds = True, [0]
+        for warper in warpers(0.8, 5, 0.9)[1:]:             # the top-k and top-p warpers alone
+            scores = warper(None, scores)
+    assert alone.rounds[0] > 0 and rounds[5] == rounds[0] + alone.rounds[0], (rounds, alone.ops)

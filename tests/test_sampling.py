@@ -304,16 +304,15 @@ def random_round(gen, vocab=4):
 
 
 def test_the_device_walk_is_the_host_walk():
-    """The batched device walk (tree_sampling_verdict, on the engine's own tables) takes every
+    """The batched device walk (tree_sampling_verdict, on the engine's own draws) takes every
     decision the host walk (verify_tree_sampling) takes with the same draws: the first token, the
     accepted path and what it emits, for rounds of 1-4 requests of random trees, distributions with
     zeros and LP ranks owning some root subtrees."""
     from types import SimpleNamespace
 
-    from lp.decode.device import uniforms
     from lp.decode.sampling import tree_sampling_verdict
     from lp.decode.verify import frame_ancestors, node_frame, path_verdicts
-    from lp.engine import sampling_tables
+    from lp.engine import draw_words
 
     gen, width, compared, deep = torch.Generator().manual_seed(5), 8, Counter(), 0
     for round_ in range(600):
@@ -321,17 +320,14 @@ def test_the_device_walk_is_the_host_walk():
         draws = [Draws(7, f"r{i}") for i in range(len(cases))]
         size = max(len(nodes) for _, _, nodes in cases)
         plans = [SimpleNamespace(tree=tree, nodes=nodes) for tree, _, nodes in cases]
-        tables = {k: torch.tensor(v) for k, v in sampling_tables(plans, draws, [round_] * len(cases), size).items()}
+        rest = torch.tensor(draw_words(plans, draws, [round_] * len(cases), size)).view(torch.float64)
         frames = [node_frame(tree, nodes, size, width, ends=True) for tree, _, nodes in cases]
         field = lambda name: torch.tensor([f[name] for f in frames]).view(len(cases), size)  # noqa: E731
         rows = torch.stack([torch.cat([d[:1], d[1 + nodes.start:1 + nodes.stop],
                                        torch.full((size - len(nodes), d.shape[1]), 1.0 / d.shape[1])])
                             for _, d, nodes in cases])
-        n, r = len(cases), 1 + size
-        first, off_path, emitted = tree_sampling_verdict(
-            rows, tables["child_tokens"].view(n, r, -1), tables["child_index"].view(n, r, -1),
-            tables["child_count"].view(n, r), field("tok"), field("par"), frame_ancestors(field("end")),
-            uniforms(tables["draws"]).view(n, r, -1))
+        first, off_path, emitted = tree_sampling_verdict(rows, field("tok"), field("par"),
+                                                         frame_ancestors(field("end")), rest.view(len(cases), -1))
         hits, node, after, _ = path_verdicts(first, off_path, emitted, field("depth"), field("step"),
                                              torch.tensor([nodes.start for *_, nodes in cases]), width)
         for i, ((tree, d, nodes), draw) in enumerate(zip(cases, draws)):
@@ -339,6 +335,8 @@ def test_the_device_walk_is_the_host_walk():
             got = [int(first[i])] + after[i, :int(hits[i])].tolist()
             assert (got, int(hits[i])) == (want.emitted, want.hits), (round_, i)
             assert want.hits == 0 or int(node[i]) == want.node, (round_, i)
+            path = [0, *(1 + u for u in tree.path(want.node))] if want.hits else [0]
+            assert all(d[r, t] > 0 for r, t in zip(path, want.emitted))    # never a zero-probability token
             compared[min(want.hits, 2)] += 1
             deep = max(deep, want.hits)
     assert min(compared.values()) > 50 and deep >= 3, (compared, deep)      # rejections and deep accepts alike

@@ -51,7 +51,7 @@ def test_one_read_and_one_upload_per_round(model16, corpus, uploads, name, param
     assert len(uploads) == r.forwards                              # one packed buffer per round
     assert ours(waits.uploads) == 0, waits.uploads                 # no other copy from lp's code
     if gen.sampling:
-        assert all({"draws", "child_tokens"} <= set(s) for s in uploads)     # the walk's tables, in the one upload
+        assert all("draws" in s for s in uploads)     # the walk's draws, in the one upload
 
 
 def test_the_counter_sees_what_it_must():

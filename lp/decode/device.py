@@ -3,7 +3,8 @@
 On CUDA every `.to(device)` from pageable memory and every `torch.tensor(...,
 device=cuda)` is a blocking copy. A round needs many small integer arrays on
 the device (ids, positions, the rows' mask descriptors, the logit rows, the
-tree's child table, the sampling draws): `Uploader.send` packs them into one
+tree's node frame, the sampling draws as the int64 words of their float64
+bits, read back by a dtype view): `Uploader.send` packs them into one
 int64 host buffer (pinned on CUDA, reused from round to round) and issues a
 single non-blocking copy into a device buffer that is also reused, then
 hands back views of it by name. Nothing here reads the device. The host
@@ -48,7 +49,3 @@ class Uploader:
             start += size
         return out
 
-
-def uniforms(mantissas: torch.Tensor) -> torch.Tensor:
-    """53-bit integers (as Draws.bits gives them) -> the same uniform [0, 1) doubles, on the device."""
-    return mantissas.double() * 2.0 ** -53

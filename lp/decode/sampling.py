@@ -12,9 +12,19 @@ emitted token is distributed exactly as plain sampling. After an
 acceptance the walk continues at the accepted child with its own row's
 distribution; a node without children draws the next token from its row.
 
-Random numbers are a pure function of (seed, request, round, depth, draw),
-never of which worker asks, so every LP rank makes the same root-level
-decision and a seed gives the same output at every world size.
+lp runs those tests with one draw per row: the row's token t is drawn from p
+(inverse CDF), and child c is accepted when t is c's token. Given that the
+children before c were rejected (t is none of theirs), t is distributed as
+the residual p renormalised without them, so t = g_c with exactly the
+probability the test accepts c; when every child is rejected, t is a draw
+from the final residual. Each test, each rejection and each residual draw
+thus has the probability the design gives it, child order changes no
+outcome, and the walk is greedy's with the row's draw in the place of its
+argmax (on the device: lp.decode.verify.node_mismatch on the drawn tokens).
+
+Random numbers are a pure function of (seed, request, round, depth), never
+of which worker asks, so every LP rank makes the same root-level decision
+and a seed gives the same output at every world size.
 """
 from __future__ import annotations
 
@@ -50,49 +60,49 @@ def distribution(logits: torch.Tensor, warp: LogitsProcessorList) -> torch.Tenso
 
 
 class Draws:
-    """Uniform [0, 1) numbers addressed by (round, depth, index) for one request."""
+    """Uniform [0, 1) numbers addressed by (round, depth, index) for one request (a walk takes index 0:
+    one draw per row, the row's depth in its round)."""
 
     def __init__(self, seed: int, request: str | int):
         self.key = f"{seed}/{request}".encode()
 
-    def bits(self, round_: int, depth: int, index: int) -> int:
-        """The draw as a 53-bit integer (exact in an int64 upload)."""
+    def bits(self, round_: int, depth: int, index: int = 0) -> int:
+        """The draw as a 53-bit integer."""
         h = hashlib.blake2b(self.key + struct.pack("<3q", round_, depth, index), digest_size=8).digest()
         return int.from_bytes(h, "little") >> 11
 
-    def uniform(self, round_: int, depth: int, index: int) -> float:
+    def uniform(self, round_: int, depth: int, index: int = 0) -> float:
+        """The draw as a uniform number in [0, 1) (53 bits: exact in a double)."""
         return self.bits(round_, depth, index) * 2.0 ** -53
 
-    def table(self, round_: int, depths: int, width: int) -> list[int]:
-        """bits for depth 0..depths-1 and index 0..width-1, row by row (a round's upload)."""
-        return [self.bits(round_, d, i) for d in range(depths) for i in range(width)]
+    def words(self, round_: int, depths: Sequence[int]) -> list[int]:
+        """Each row's draw (round, its depth) as the device walk reads it: 1 - u, a double in (0, 1]
+        (exact for a 53-bit u), written as the int64 word holding its bits, so that it travels in the
+        round's one int64 upload and the device reads it back as float64 by a view, with no op."""
+        rest = [1.0 - self.uniform(round_, d) for d in depths]
+        return list(struct.unpack(f"<{len(rest)}q", struct.pack(f"<{len(rest)}d", *rest)))
 
 
-def draw_target(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Where the inverse-CDF draw of `u` in [0, 1) lands on the (unnormalised) `cdf` [..., V]: (1 - u) x
-    the total, in (0, total] (1 - u is exact for a 53-bit u, and the product never rounds above the
-    total), so the first slot whose cdf reaches it (searchsorted, left) holds a token of positive
-    probability: never a zero-probability token at either end."""
-    return (1.0 - u) * cdf[..., -1:]
+def draw(cdf: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws on (unnormalised) cdfs [..., V]: `rest` [..., 1] is each row's 1 - u, in
+    (0, 1]; the token is the first whose cdf reaches rest x the total, a point in (0, total] (the
+    product never rounds above the total), so it always has positive probability, at either end.
+    Returns [..., 1]."""
+    return torch.searchsorted(cdf, rest * cdf[..., -1:])
 
 
 def sample(p: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from a (possibly unnormalised) probability vector (the device walk's rule)."""
-    cdf = torch.cumsum(p, 0)
-    return int(torch.searchsorted(cdf, draw_target(cdf, torch.tensor([u], dtype=cdf.dtype))))
+    """The token of a (possibly unnormalised) probability vector for the uniform draw `u` in [0, 1):
+    the device walk's rule (`draw`), on one row."""
+    return int(draw(torch.cumsum(p, 0), torch.tensor([1.0 - u], dtype=p.dtype)))
 
 
 def try_proposals(p: torch.Tensor, proposals: Sequence[int], uniform: Callable[[int], float]) -> tuple[int, bool]:
-    """One offset: (token, accepted). Proposals are tested in order; the residual
-    is sampled with draw index len(proposals)."""
-    p = p.clone()
-    for i, token in enumerate(proposals):
-        total = p.sum().item()
-        if uniform(i) * total < p[token].item():
-            return token, True
-        p[token] = 0.0
-    return sample(p, uniform(len(proposals))), False
-
+    """One offset: (token, accepted). The distinct `proposals` are tested in order as one-hot drafts,
+    with the residual drawn when all are rejected, by one draw (`uniform(0)`) from `p`: the token is
+    accepted when it is one of the proposals (the module's docstring says why that is the test)."""
+    token = sample(p, uniform(0))
+    return token, token in proposals
 
 class Sampled(NamedTuple):
     emitted: list[int]     # hits accepted node tokens, then one sampled token
@@ -119,10 +129,9 @@ def verify_tree_sampling(
     p, emitted, node, depth = first, [], -1, 0
     while True:
         options = kids.get(node, [])
-        token, accepted = try_proposals(p, [tree.tokens[u] for u in options],
-                                        lambda i: draws.uniform(round_, depth, i))
+        token, accepted = try_proposals(p, [tree.tokens[u] for u in options], lambda i: draws.uniform(round_, depth))
         emitted.append(token)
-        if not accepted:
+        if not accepted:            # every child rejected: the token is the residual's draw
             break
         node = next(u for u in options if tree.tokens[u] == token)
         if not owned(node):
@@ -140,36 +149,18 @@ def children_lists(tree: TokenTree) -> dict[int, list[int]]:
     return out
 
 
-def tree_sampling_verdict(dists: torch.Tensor, child_tokens: torch.Tensor, child_index: torch.Tensor,
-                          child_count: torch.Tensor, node_tokens: torch.Tensor, parent_rows: torch.Tensor,
-                          ancestors: torch.Tensor, uniforms: torch.Tensor):
+def tree_sampling_verdict(dists: torch.Tensor, node_tokens: torch.Tensor, parent_rows: torch.Tensor,
+                          ancestors: torch.Tensor, rest: torch.Tensor):
     """The walk of `verify_tree_sampling`, on the device for every request of a round and every row
-    at once, no host read, in a fixed two dozen ops whatever the trees' width and depth and the batch.
+    at once, no host read, in three ops and greedy's path ops whatever the trees and the batch.
 
     For request b, row 0 is the root (the ordinary row), row 1 + j this rank's local node j (PAD
-    nodes after its own: no children, never accepted). `dists` [B, R, V] are the rows' warped
-    distributions; `child_tokens` / `child_index` [B, R, M] each row's children in child order
-    (token, -1 for padding; the token with padding repeating the first child, 0 without children),
-    `child_count` [B, R], `node_tokens` / `parent_rows` [B, N] each node's token (PAD: -1) and parent
-    row (0: the root), `ancestors` [B, N, N] and `uniforms` [B, R, M + 1] each row's draws (its
-    depth's, by index). Every row tests its children as one-hot proposals with its own draws and
-    samples its residual; the walk is then the chain of accepted children from the root, found as
-    greedy's accepted path is (lp.decode.verify.node_mismatch, with each row's emitted token in the
-    place of its argmax). Returns (first token [B], off the accepted path [B, N] bool, emitted
-    [B, N]: what each node emits after itself)."""
-    m = child_tokens.shape[-1]
-    # Child i is tested against the residual left by rejecting children 0..i-1: their mass is gone
-    # from the total (children's tokens are distinct), so every test is one [B, R, M] compare.
-    valid = child_tokens >= 0
-    pt = torch.where(valid, dists.gather(-1, child_index), 0.0)
-    left = dists.sum(-1, keepdim=True) - pt.cumsum(-1) + pt
-    accept = valid & (uniforms[..., :m] * left < pt)
-    chosen = child_index.gather(-1, accept.to(torch.uint8).argmax(-1, keepdim=True))[..., 0]  # the first accepted
-    # every child rejected: the residual (each child's mass taken off exactly; padding takes off 0)
-    cdf = dists.scatter_add(-1, child_index, pt.neg()).cumsum(-1)
-    drawn = torch.searchsorted(cdf, draw_target(cdf, uniforms.gather(-1, child_count[..., None])))[..., 0]
-    token = torch.where(accept.any(-1), chosen, drawn)
-    # node j is on the path when every node from the root to it is its parent row's emitted token: an
-    # accepted child (siblings' tokens are distinct; a residual draw is none of them; PAD is -1)
+    nodes after its own). `dists` [B, R, V] are the rows' warped distributions, `rest` [B, R] each
+    row's draw as 1 - u (Draws.words, read as float64), `node_tokens` / `parent_rows` [B, N] each
+    node's token (PAD: -1) and parent row (0: the root), `ancestors` [B, N, N]. Every row draws its
+    token; node j is on the accepted path when every node from the root to it carries its parent
+    row's token (siblings' tokens are distinct; PAD is -1, never drawn). Returns (first token [B],
+    off the accepted path [B, N] bool, emitted [B, N]: what each node emits after itself)."""
+    token = draw(dists.cumsum(-1), rest[..., None])[..., 0]
     off_path = node_mismatch(token, node_tokens, parent_rows, ancestors)
     return token[:, 0], off_path, token[:, 1:]
