@@ -54,7 +54,7 @@ def test_enumeration_of_the_frozen_example_equals_p():
 def test_verifier_monte_carlo_matches_p(proposals):
     draws = Draws(seed=7, request="mc")
     n = 20000
-    counts = Counter(try_proposals(P, proposals, lambda i, r=r: draws.uniform(r, 0, i))[0] for r in range(n))
+    counts = Counter(try_proposals(P, proposals, draws.uniform(r, 0))[0] for r in range(n))
     p_value = chi_square_p([counts[t] for t in range(4)], (P * n).tolist())
     print(f"proposals {proposals}: chi-square p = {p_value:.3f}")
     assert p_value > 1e-3
@@ -86,7 +86,7 @@ def test_multi_offset_verifier_enumerated():
         res = verify(cands, lambda path: cond[path[-1]] if path else p1, Draws(3, "joint"), r)
         second = res.emitted[1] if len(res.emitted) > 1 else None
         if second is None:   # offset-0 token was a residual draw: sample the next one from its conditional
-            second = try_proposals(cond[res.emitted[0]], [], lambda i, r=r: Draws(4, "x").uniform(r, 0, i))[0]
+            second = try_proposals(cond[res.emitted[0]], [], Draws(4, "x").uniform(r, 0))[0]
         counts[(res.emitted[0], second)] += 1
     expected = [n * p1[a] * cond[a][b] for a in range(4) for b in range(4)]
     observed = [counts[(a, b)] for a in range(4) for b in range(4)]
@@ -159,7 +159,7 @@ def test_tree_verifier_monte_carlo_exact(cands):
         out = list(res.emitted)
         assert len(out) <= 1 + max(map(len, cands))
         while len(out) < 3:   # the rest of the three tokens from the chain itself
-            out.append(try_proposals(conditional(tuple(out)), [], lambda i, r=r, k=len(out): extra.uniform(r, k, i))[0])
+            out.append(try_proposals(conditional(tuple(out)), [], extra.uniform(r, len(out)))[0])
         counts[tuple(out[:3])] += 1
     cells = list(itertools.product(range(4), repeat=3))
     expected = [n * float(conditional(())[a] * conditional((a,))[b] * conditional((a, b))[c]) for a, b, c in cells]

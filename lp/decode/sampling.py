@@ -97,11 +97,11 @@ def sample(p: torch.Tensor, u: float) -> int:
     return int(draw(torch.cumsum(p, 0), torch.tensor([1.0 - u], dtype=p.dtype)))
 
 
-def try_proposals(p: torch.Tensor, proposals: Sequence[int], uniform: Callable[[int], float]) -> tuple[int, bool]:
+def try_proposals(p: torch.Tensor, proposals: Sequence[int], u: float) -> tuple[int, bool]:
     """One offset: (token, accepted). The distinct `proposals` are tested in order as one-hot drafts,
-    with the residual drawn when all are rejected, by one draw (`uniform(0)`) from `p`: the token is
-    accepted when it is one of the proposals (the module's docstring says why that is the test)."""
-    token = sample(p, uniform(0))
+    with the residual drawn when all are rejected, by one draw `u` from `p`: the token is accepted
+    when it is one of the proposals (the module's docstring says why that is the test)."""
+    token = sample(p, u)
     return token, token in proposals
 
 class Sampled(NamedTuple):
@@ -129,7 +129,7 @@ def verify_tree_sampling(
     p, emitted, node, depth = first, [], -1, 0
     while True:
         options = kids.get(node, [])
-        token, accepted = try_proposals(p, [tree.tokens[u] for u in options], lambda i: draws.uniform(round_, depth))
+        token, accepted = try_proposals(p, [tree.tokens[u] for u in options], draws.uniform(round_, depth))
         emitted.append(token)
         if not accepted:            # every child rejected: the token is the residual's draw
             break
