@@ -71,6 +71,30 @@ def test_round_forward_is_the_engines_forward(tiny_model64):
     assert len(seen) == 2 and seen[-1].shape[:2] == (1, 3)         # the prefix, then the measured round
 
 
+
+def test_a_batched_probe_prefills_once_and_copies_the_prefix(tiny_model64):
+    """A batch's grid probe runs one prefill (row 0's) and copies its K/V to the other cache rows:
+    every row holds the prefix it attends over, at one prefill's cost whatever the batch."""
+    from lp.decode import batch as packing
+    from lp.decode.kv_cache import round_cache
+
+    calls = []
+    original = packing.forward_round
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])                     # requests in the forward
+        return original(*args, **kwargs)
+    packing.forward_round = counted
+    try:
+        runs = cm._probe_rounds(tiny_model64, 6, 3, [1, 2])
+    finally:
+        packing.forward_round = original
+    assert calls == [1]                           # the one prefill; the probes have not run yet
+    for buffer in round_cache(tiny_model64, 6 + 2, 3).buffers:
+        prefix = buffer[:, :, :, :6]
+        assert prefix[:, 0].abs().sum() > 0 and all(prefix[:, r].equal(prefix[:, 0]) for r in (1, 2))
+    runs[2]()                                     # and a probe of the three rows runs over that cache
+
 def test_bare_collective_latency():
     assert cm.measure_collective(1) == 0.0
     assert 0 < cm.measure_collective(2, numel=8, repeats=5) < 1.0

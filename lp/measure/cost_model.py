@@ -206,10 +206,11 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
     of `rows` new rows each over `prefix` cached tokens apiece, one cache row per request, the mask
     built on the device from the uploaded rows, attention over the slots in use, every row's
     logits), their argmax read back on the host; one per rows count, over one cache whose
-    prefixes are written once."""
+    prefixes are written once: row 0's by a prefill, the others copied from it (a forward's time
+    does not depend on what the cache holds, and `batch` prefills would cost more than the grid)."""
     from lp.decode.batch import forward_round, pack_round
     from lp.decode.device import Uploader
-    from lp.decode.kv_cache import attended, round_cache
+    from lp.decode.kv_cache import attended, copy_prefix, round_cache
 
     gen = torch.Generator().manual_seed(prefix * 1000 + 100 * batch + max(rows_list))
     random_ids = lambda k: torch.randint(model.config.vocab_size, (k,), generator=gen).tolist()  # noqa: E731
@@ -222,9 +223,11 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
         return uploader.send(sections), shape, attended(past + shape.q, cache.length)
 
     with torch.inference_mode():
-        for row in range(batch if prefix else 0):    # each request's prefix, alone into its cache row
-            dev, shape, span = prepared(0, prefix, row, 1, logits=False)
-            forward_round(model, dev, 1, shape, row, cache, span=span)
+        if prefix:
+            dev, shape, span = prepared(0, prefix, 0, 1, logits=False)
+            forward_round(model, dev, 1, shape, 0, cache, span=span)
+            for row in range(1, batch):
+                copy_prefix(cache, 0, row, prefix)
 
     def closure(rows: int):
         dev, shape, span = prepared(prefix, rows, 0, batch)
