@@ -350,11 +350,12 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
         bench.lp(f"lp no drafts {b}", "lp_no_drafts", plain, b)
     row_cost = None
     if cfg.lookahead.row_budget and max(lp_sizes) > 1:     # the job's row budget: its curve, measured once
+        t0 = time.perf_counter()
         curve = measure_curve(dataclasses.replace(cfg, generation=dataclasses.replace(
             cfg.generation, batch_size=max(lp_sizes))), loaded)
         row_cost = partial(batch_forward_time, curve)
-        click.echo("forward-time grid (requests x rows: ms): " + ", ".join(
-            f"{p['batch']}x{p['rows']}:{1000 * p['seconds']:.0f}" for p in curve), err=True)
+        click.echo(f"forward-time grid, measured in {time.perf_counter() - t0:.1f} s (requests x rows: ms): "
+                   + ", ".join(f"{p['batch']}x{p['rows']}:{1000 * p['seconds']:.0f}" for p in curve), err=True)
     for b in lp_sizes:
         bench.lp(f"lp lookahead {b}", "lp_lookahead", cfg.lookahead, b, row_cost)
     cb_error = None

@@ -135,3 +135,22 @@ def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert [l.split()[:3] for l in out.splitlines()[2:]] == [["1", "x", "8"], ["2", "x", "4"], ["4", "x", "2"],
                                                              ["8", "x", "1"]]
+
+
+def test_batched_forward_time_reads_between_measured_batch_sizes():
+    """The row budget's grid measures a few request counts (lp.jobs.runner.curve_batches); the sizes
+    between are read linearly from the two on either side, at the same rows per request."""
+    grid = [{"batch": b, "rows": r, "seconds": 0.1 * b + 0.01 * b * r} for b in (1, 4, 16) for r in (1, 8, 64)]
+    for b, r in ((1, 8), (4, 64), (16, 1)):                   # measured cells are read as they are
+        assert cm.batch_forward_time(grid, b, r) == pytest.approx(0.1 * b + 0.01 * b * r)
+    for b, r in ((2, 8), (8, 1), (12, 64), (8, 4.5)):         # linear in b and in r: read exactly
+        assert cm.batch_forward_time(grid, b, r) == pytest.approx(0.1 * b + 0.01 * b * r)
+    bent = [{"batch": b, "rows": 1, "seconds": s} for b, s in ((1, 1.0), (4, 1.0), (16, 4.0))]
+    assert cm.batch_forward_time(bent, 2, 1) == pytest.approx(1.0)        # flat below 4 requests
+    assert cm.batch_forward_time(bent, 10, 1) == pytest.approx(2.5)       # halfway from 4 to 16
+
+
+def test_the_grid_measures_1_4_16_requests_and_the_batch_size():
+    from lp.jobs.runner import curve_batches
+    assert [curve_batches(b) for b in (1, 2, 4, 6, 16, 20, 64)] == [
+        [1], [1, 2], [1, 4], [1, 4, 6], [1, 4, 16], [1, 4, 16, 20], [1, 4, 16, 64]]
