@@ -63,6 +63,9 @@ def test_batched_job_has_the_batch_one_records(tmp_path, batch_one):
     assert 1.5 < summary["mean_batch"] <= 3 and summary["rows_per_forward"] > one_summary["rows_per_forward"]
     assert summary["batch_forwards"] < one_summary["batch_forwards"]
     assert "requests and" in result.stdout and "rows per forward (generation.batch_size 3)" in result.stdout
+    # the start-up (model load, the row budget's grid) is said apart from the wall time it precedes
+    assert summary["startup_seconds"] > 0 and one_summary["startup_seconds"] > 0
+    assert f"s wall (after {summary['startup_seconds']:.1f} s of start-up)" in result.stdout
     # samples in task order, not in the order requests ended
     assert lines_of(tmp_path / "out" / "samples.jsonl") == lines_of(one_dir / "samples.jsonl")
     assert [r["task_id"] for r in many] != [r["task_id"] for r in one]     # records: as requests ended

@@ -145,7 +145,8 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         evaluation = evaluate(cfg, records) if cfg.output.evaluate else None
         parsed = parse_checks(cfg, prompts, records) if cfg.data.source in CODE_SOURCES else None
         summary = summarize(records, cfg, loaded.name, comm, evaluation, parsed,
-                            run=RunFacts(wall, frozenset(r["task_id"] for r in records) - job.kept_ids),
+                            run=RunFacts(wall, frozenset(r["task_id"] for r in records) - job.kept_ids,
+                                         startup_seconds=start - t0),
                             linear_kernels=loaded.linear_kernels)
         job.finish(summary, [{"task_id": r["task_id"], "completion": r["completion"]}
                              for r in records if r["finish_reason"] != "error"], evaluation)

@@ -78,10 +78,12 @@ def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method
 
 @dataclass(frozen=True)
 class RunFacts:
-    """What only this run knows: its wall time (from the hand-out's start until every LP group is done)
-    and the task ids it wrote records for (the others were kept from an earlier run)."""
+    """What only this run knows: its wall time (from the hand-out's start until every LP group is done),
+    the task ids it wrote records for (the others were kept from an earlier run) and its start-up
+    before the hand-out (the model load; a batched job's row-budget grid)."""
     wall_seconds: float
     task_ids: frozenset[str]
+    startup_seconds: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -111,6 +113,7 @@ def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: in
         "dp_size": dp_size,
         "lp_size": lp_size,
         "wall_seconds": wall,
+        "startup_seconds": run.startup_seconds if run is not None else None,
         "job_prompts": len(ran),
         "job_new_tokens": sum(r["new_tokens"] for r in ran),
         "job_prompts_per_second": len(ran) / wall if wall else None,
@@ -186,7 +189,7 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
 
 
 # what this run did (its wall time and the records it wrote: fewer after a resume)
-RUN_KEYS = frozenset({"wall_seconds", "job_prompts", "job_new_tokens", "job_prompts_per_second",
+RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_new_tokens", "job_prompts_per_second",
                       "job_tokens_per_second"})
 # summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
@@ -244,7 +247,8 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"(generation.batch_size {cfg.generation.batch_size})",
         f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
         f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
-        f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall, "
+        f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall "
+        f"(after {_fmt(summary.get('startup_seconds'), '.1f')} s of start-up), "
         f"{_fmt(summary['job_prompts_per_second'], '.2f')} prompts/s, "
         f"{_fmt(summary['job_tokens_per_second'], '.1f')} tokens/s; latency p50 "
         f"{_fmt(summary['latency_p50_s'], '.2f')} s, p95 {_fmt(summary['latency_p95_s'], '.2f')} s, max "
