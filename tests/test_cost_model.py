@@ -71,7 +71,6 @@ def test_round_forward_is_the_engines_forward(tiny_model64):
     assert len(seen) == 2 and seen[-1].shape[:2] == (1, 3)         # the prefix, then the measured round
 
 
-
 def test_a_batched_probe_prefills_once_and_copies_the_prefix(tiny_model64):
     """A batch's grid probe runs one prefill (row 0's) and copies its K/V to the other cache rows:
     every row holds the prefix it attends over, at one prefill's cost whatever the batch."""
@@ -94,6 +93,7 @@ def test_a_batched_probe_prefills_once_and_copies_the_prefix(tiny_model64):
         prefix = buffer[:, :, :, :6]
         assert prefix[:, 0].abs().sum() > 0 and all(prefix[:, r].equal(prefix[:, 0]) for r in (1, 2))
     runs[2]()                                     # and a probe of the three rows runs over that cache
+
 
 def test_bare_collective_latency():
     assert cm.measure_collective(1) == 0.0

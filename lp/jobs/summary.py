@@ -248,7 +248,7 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
         f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
         f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall "
-        f"(after {_fmt(summary.get('startup_seconds'), '.1f')} s of start-up), "
+        f"(after {_fmt(summary['startup_seconds'], '.1f')} s of start-up), "
         f"{_fmt(summary['job_prompts_per_second'], '.2f')} prompts/s, "
         f"{_fmt(summary['job_tokens_per_second'], '.1f')} tokens/s; latency p50 "
         f"{_fmt(summary['latency_p50_s'], '.2f')} s, p95 {_fmt(summary['latency_p95_s'], '.2f')} s, max "
