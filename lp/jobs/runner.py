@@ -305,9 +305,10 @@ CURVE_PREFIX = 256    # cached tokens the budget's forward-time curve is measure
 def curve_batches(batch_size: int) -> list[int]:
     """The request counts the row budget's grid measures: 1, 4, 16, ... up to the batch size, and
     the batch size. The budget reads the sizes between linearly (lp.measure.cost_model.
-    batch_forward_time): on the 2-core CPU that reads the cells of 2 and 8 requests within -17% to
-    +24% of their measured times, about what two measurements of one cell differ by (up to 30%),
-    and the grid of 16 takes 25 s instead of 47 (1, 2, 4, 8 and 16 requests)."""
+    batch_forward_time): a forward's time grows about linearly in the requests at a fixed row
+    count, and a measured cell is itself only as steady as two timings of one forward, so cells
+    between these sizes would lengthen the job's start-up more than they would sharpen the budget
+    (docs/configuration.md gives the start-up it takes)."""
     return sorted({4 ** k for k in range(batch_size.bit_length()) if 4 ** k <= batch_size} | {batch_size})
 
 
