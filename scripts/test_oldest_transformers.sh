@@ -4,8 +4,8 @@
 # with only transformers X.Y.* in it, running the tests that touch transformers' cache, attention
 # and generate (every call lives in lp/decode/kv_cache.py, lp/decode/arch.py and lp/library.py):
 # batched and single rounds against generate in float64, the architecture matrix, op and sync
-# counts, the library entry and batched jobs under torchrun. The GPU machine runs the lower end.
-#   bash scripts/test_oldest_transformers.sh          # after scripts/install.sh; about 6 minutes on 2 cores
+# counts, the library entry and batched jobs under torchrun (the GPU machine has the lower end).
+#   bash scripts/test_oldest_transformers.sh          # after scripts/install.sh; about 5 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
 low=$(sed -n 's/^ *"transformers>=\([0-9]*\.[0-9]*\)[,"].*/\1/p' pyproject.toml)
