@@ -19,6 +19,7 @@ from lp.decode.tree import EMPTY, tree_of
 from lp.engine import BatchStats, GenerationParams, LookaheadParams, decode_batch
 from lp.jobs.config import JOB_LOOKAHEAD
 from lp.tiny import tiny_random
+from transformers import DynamicCache
 from test_architectures import models  # noqa: F401  (the float64 tiny models of lp.tiny, by family)
 from test_lp import torchrun
 from test_sampling import NEW as SAMPLED_NEW, PROMPT as SAMPLED_PROMPT, chi_square_p, exact_joint, model8  # noqa: F401
@@ -167,3 +168,30 @@ def test_lp_splits_a_batch_with_the_same_tokens_and_rounds(models, nproc, tmp_pa
     for rank in ranks:      # sampled: the same draws give the same tokens and rounds at every world size
         for i, r in enumerate(rank["results"][-1]["batch"]):
             assert (r["tokens"], r["emitted"]) == (single[i].token_ids, single[i].emitted_per_round), (nproc, i)
+
+
+def test_rounds_on_cuda_leave_cudnn_attention_out(monkeypatch):
+    """A round's forward on CUDA runs SDPA without cuDNN's fused attention (it fails on some masked
+    round shapes on Hopper; the first H200 run of gpu_check hit it), with the other backends on and
+    the global settings restored after; on the CPU nothing is changed. The forward itself is seen by
+    a spy on SDPA, so a forward_logits that stops using the context fails here."""
+    from lp.decode import kv_cache
+
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+              cuda.math_sdp_enabled())
+    with kv_cache._round_sdpa(torch.device("cuda")):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    with kv_cache._round_sdpa(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled() == before[0]
+    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+            cuda.math_sdp_enabled()) == before
+
+    devices = []
+    original = kv_cache._round_sdpa
+    monkeypatch.setattr(kv_cache, "_round_sdpa", lambda device: devices.append(device) or original(device))
+    model = tiny_random("llama", dtype=torch.float32)
+    ids = torch.tensor([[3, 5, 7]])
+    kv_cache.forward_logits(model, ids, torch.arange(3)[None], None, DynamicCache(), 1)
+    assert devices == [ids.device]

@@ -26,11 +26,12 @@ Supported range: transformers 5.17 .. 5.x. Differences handled here:
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from typing import NamedTuple
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
@@ -233,6 +234,21 @@ def _sdpa_gqa():
         module.use_gqa_in_sdpa = original
 
 
+# SDPA's backends for a round on CUDA: every one but cuDNN's fused attention, which torch tries
+# first on Hopper and which fails outright on some of a round's shapes with an explicit mask (an
+# H200, torch 2.11: `mha_graph.execute(...).is_good()` on the batched row budget's probe rounds;
+# pytorch/pytorch#134001). Flash takes no mask; the memory-efficient kernel and math take any.
+ROUND_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+@contextmanager
+def _round_sdpa(device: torch.device):
+    """The attention a round's forward runs with: grouped K/V heads unrepeated (`_sdpa_gqa`) and,
+    on CUDA, SDPA limited to ROUND_SDPA_BACKENDS."""
+    with _sdpa_gqa(), (sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else nullcontext()):
+        yield
+
+
 @lru_cache(maxsize=None)
 def _sdpa_module():
     try:
@@ -252,7 +268,7 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
         cache.span = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]
     call = compiled or model
     kwargs = {_cache_kwarg(type(model)): cache}
-    with _sdpa_gqa():
+    with _round_sdpa(input_ids.device):
         out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
                    use_cache=True, **kwargs)
     return out.logits
