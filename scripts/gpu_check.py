@@ -9,8 +9,9 @@ with 4 layers in float16, as configs/codellama-7b-humaneval.yaml runs CodeLlama-
 SmolLM2-135M's shape in bfloat16), saves each with save_pretrained beside a word-level tokenizer
 whose vocabulary names every model id, and writes prompts in that vocabulary to a JSONL file.
 
-First the preflight (about 20 s): versions, the device, lp's round cache on a 2-layer model and one
-eager and one compiled lookahead decode on it; if it fails the JSON says so ("preflight": {"ok":
+First the preflight (about 20 s): versions, the device, lp's round cache on a 2-layer model, one
+eager and one compiled lookahead decode on it and batched rounds of 1 and 4 requests as a batched
+job's row budget measures them (float16 on a GPU); if it fails the JSON says so ("preflight": {"ok":
 false}) and the check stops with one line and exit status 2. Then the plan's stages, in priority
 order (Plan.stages):
 
@@ -50,6 +51,7 @@ import gc
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -110,10 +112,12 @@ class Plan:
 FULL = Plan(
     models={"llama-7b": (SHAPES["llama-7b"], "float16"), "llama-7b-4l": (SHAPES["llama-7b-4l"], "float16"),
             "smollm2-135m": (SHAPES["smollm2-135m"], "bfloat16")},
-    stages=[("compiled", "llama-7b-4l"), ("eager", "llama-7b"), ("eager", "smollm2-135m"), ("job", "llama-7b"),
-            ("job", "smollm2-135m"), ("exact", "llama-7b-4l"), ("exact", "smollm2-135m"), ("profile", "llama-7b"),
-            ("profile", "smollm2-135m"), ("lp", "smollm2-135m", 2), ("lp", "smollm2-135m", 4),
-            ("job-batched", "llama-7b"), ("job-compiled", "llama-7b"), ("job-compiled", "smollm2-135m")],
+    # in the order the first H200 run (docs/benchmarks.md) says fits 420 s: every kind of stage once
+    # (about 400 s), then the second model's eager, job and profile stages and LP at P = 4 as time allows
+    stages=[("compiled", "llama-7b-4l"), ("eager", "llama-7b"), ("job", "llama-7b"), ("exact", "llama-7b-4l"),
+            ("exact", "smollm2-135m"), ("lp", "smollm2-135m", 2), ("job-batched", "llama-7b"), ("profile", "llama-7b"),
+            ("eager", "smollm2-135m"), ("lp", "smollm2-135m", 4), ("job", "smollm2-135m"),
+            ("profile", "smollm2-135m"), ("job-compiled", "llama-7b"), ("job-compiled", "smollm2-135m")],
     prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=2,
     compiled_tokens=(128, 380), rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
     floors={"compiled": 90, "eager": 40, "job": 40, "exact": 20, "profile": 15, "lp": 30, "job-batched": 40,
@@ -142,6 +146,7 @@ STAGE_KINDS = ("compiled", "eager", "job", "exact", "profile", "lp", "job-batche
 HARD_STOP_S = 40   # past the budget by this much the whole check ends (420 + 40 s: inside 8 minutes)
 GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_candidates=0)
 PREFLIGHT_LOOKAHEAD = SMALL.compiled_lookahead   # every round fits 8 rows: one compiled shape
+PREFLIGHT_PREFIX = 16   # cached tokens of the preflight's batched rounds
 PROFILE_TOKENS = 32   # new tokens of a profiled decode (a few rounds)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -590,12 +595,14 @@ def free_port() -> int:
 
 def preflight(dev: str, cuda: bool, compile_mode: str) -> dict:
     """What every stage needs, in seconds: the versions and the device, lp's round cache on a
-    2-layer model (its layers, slots, dtype and device) and one eager and one compiled lookahead
-    decode of 4 tokens on it. Raises on the first thing that fails."""
+    2-layer model (its layers, slots, dtype and device), one eager and one compiled lookahead
+    decode of 4 tokens on it and batched rounds of 1 and 4 requests (float16 on a GPU). Raises on
+    the first thing that fails."""
     import transformers
 
     from lp.decode.kv_cache import round_cache
     from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+    from lp.measure.cost_model import batch_curve
 
     out = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
            "cuda": torch.version.cuda, "device": torch.cuda.get_device_name() if cuda else "cpu"}
@@ -617,6 +624,13 @@ def preflight(dev: str, cuda: bool, compile_mode: str) -> dict:
         out[f"lookahead {mode}"] = {"seconds": time.perf_counter() - t, "rounds": r.forwards, "token_ids": r.token_ids}
     # a record, not a failure: a compiled kernel may round a near-tie the other way
     out["ids_equal"] = out["lookahead off"]["token_ids"] == out[f"lookahead {compile_mode}"]["token_ids"]
+    # batched rounds as a batched job's row budget probes them (lp.measure.cost_model.batch_curve), in
+    # the jobs' half precision on a GPU: the first H200 run failed there (cuDNN attention), not here
+    half = build_model(shape, torch.float16 if cuda else torch.float32, torch.device(dev), tiny=True)
+    t = time.perf_counter()
+    grid = batch_curve(half, PREFLIGHT_PREFIX, [1, 4], [1, 2, 8], repeats=1)
+    sync(cuda)
+    out["batched probe"] = {"seconds": time.perf_counter() - t, "dtype": str(half.dtype), "cells": len(grid)}
     return out
 
 
@@ -776,6 +790,20 @@ def tail(path: Path, lines: int = 15) -> list[str]:
         return []
 
 
+WORKER_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*(?:Error|Exception)|error): .*)")
+
+
+def worker_error(path: Path) -> str | None:
+    """The last error line a job's workers wrote to its log (`SomeError: ...` of a traceback, or lp's
+    `error: ...` line), not torchrun's own ChildFailedError banner after it: why the job failed."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [m.group(1) for m in map(WORKER_ERROR.match, lines) if m and "ChildFailedError" not in m.group(1)]
+    return found[-1][:600] if found else None
+
+
 # ---- the torchrun job ----------------------------------------------------------------------------------
 
 
@@ -816,8 +844,10 @@ def run_job(name: str, config: dict, work: Path, timeout: float, reference: list
     summary_path = out_dir / "summary.json"
     if rc != 0 or not summary_path.exists():
         fig["records_so_far"] = _record_figures(out_dir)
+        fig["error"] = worker_error(log)
+        why = fig["error"] or (fig["log_tail"][-1] if fig["log_tail"] else "")
         raise StageError(f"torchrun exited {rc}" + ("" if summary_path.exists() else ", no summary.json")
-                         + (": " + fig["log_tail"][-1] if fig["log_tail"] else ""), figures=fig)
+                         + (": " + why if why else ""), figures=fig)
     summary = json.loads(summary_path.read_text())
     summary.pop("config", None)   # the job's config is fig["config"]
     records = sorted(_records(out_dir), key=lambda r: r["line"])   # task order (a batched job writes as requests end)

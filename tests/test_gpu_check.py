@@ -67,6 +67,8 @@ def test_preflight(report):
     eager, compiled = pre["lookahead off"], pre["lookahead default"]
     assert len(eager["token_ids"]) == 4 and eager["rounds"] >= 1 and pre["ids_equal"]
     assert compiled["token_ids"] == eager["token_ids"] and compiled["seconds"] > eager["seconds"]   # it compiled
+    # the batched rounds of a row budget's grid: 1 request x 1, 2, 8 rows and 4 requests x 1, 2, 8
+    assert pre["batched probe"]["cells"] == 6 and pre["batched probe"]["dtype"] == "torch.float32"
     assert pre["seconds"] < 60
 
 
@@ -276,6 +278,25 @@ def test_failed_preflight_stops_with_one_line(tmp_path):
     report = json.loads(out.read_text())
     assert report["preflight"]["ok"] is False and "ZeroDivisionError" in report["preflight"]["error"]
     assert report["stages"] == {}
+
+
+def test_a_failed_jobs_reason_is_its_workers_error_not_torchruns_banner(tmp_path):
+    """The first H200 run's batched job failed with only torchrun's banner as its reason; the
+    worker's own error line is what says why."""
+    gcheck = _module()
+    log = tmp_path / "job.log"
+    log.write_text("\n".join([
+        "INFO lp.jobs: 4 prompts", "[rank0]: Traceback (most recent call last):",
+        "[rank0]:   File \"lp/decode/kv_cache.py\", line 256, in forward_logits",
+        "[rank0]: RuntimeError: Expected mha_graph.execute(...).is_good() to be true, but got false.",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 60, "lp.run FAILED", "=" * 60]))
+    assert gcheck.worker_error(log) == "RuntimeError: Expected mha_graph.execute(...).is_good() to be true, but got false."
+    log.write_text("error: data.path: no such file\n" + "=" * 60)
+    assert gcheck.worker_error(log) == "error: data.path: no such file"
+    log.write_text("nothing went wrong\n")
+    assert gcheck.worker_error(log) is None and gcheck.worker_error(tmp_path / "missing.log") is None
 
 
 def test_time_guard_skips_and_stops(tmp_path):
