@@ -172,19 +172,25 @@ def test_lp_splits_a_batch_with_the_same_tokens_and_rounds(models, nproc, tmp_pa
 
 def test_rounds_on_cuda_leave_cudnn_attention_out(monkeypatch):
     """A round's forward on CUDA runs SDPA without cuDNN's fused attention (it fails on some masked
-    round shapes on Hopper; the first H200 run of gpu_check hit it), with the other backends on and
-    the global settings restored after; on the CPU nothing is changed. The forward itself is seen by
+    round shapes on Hopper; the first H200 run of gpu_check hit it), with the other backends on, grouped
+    K/V heads repeated as transformers does, and the global settings restored after; on the CPU the
+    backends are left alone and grouped heads go to SDPA unrepeated. The forward itself is seen by
     a spy on SDPA, so a forward_logits that stops using the context fails here."""
     from lp.decode import kv_cache
 
     cuda = torch.backends.cuda
     before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
               cuda.math_sdp_enabled())
+    sdpa = kv_cache._sdpa_module()
+    repeats = sdpa.use_gqa_in_sdpa     # transformers' rule: grouped heads repeated whenever a mask is given
     with kv_cache._round_sdpa(torch.device("cuda")):
         assert not cuda.cudnn_sdp_enabled()
         assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+        assert sdpa.use_gqa_in_sdpa is repeats     # on CUDA, heads repeated for the memory-efficient kernel
     with kv_cache._round_sdpa(torch.device("cpu")):
         assert cuda.cudnn_sdp_enabled() == before[0]
+        assert sdpa.use_gqa_in_sdpa is not repeats     # on the CPU, grouped heads go to SDPA unrepeated
+    assert sdpa.use_gqa_in_sdpa is repeats
     assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
             cuda.math_sdp_enabled()) == before
 

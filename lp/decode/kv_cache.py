@@ -243,9 +243,12 @@ ROUND_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTIO
 
 @contextmanager
 def _round_sdpa(device: torch.device):
-    """The attention a round's forward runs with: grouped K/V heads unrepeated (`_sdpa_gqa`) and,
-    on CUDA, SDPA limited to ROUND_SDPA_BACKENDS."""
-    with _sdpa_gqa(), (sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else nullcontext()):
+    """The attention a round's forward runs with. On CUDA: SDPA limited to ROUND_SDPA_BACKENDS,
+    and grouped K/V heads repeated as transformers does with a mask (without cuDNN, the only
+    kernels that take grouped heads with a mask on the torch the GPU machine has are math's: the
+    memory-efficient kernel learned them only in mid-2026, pytorch/pytorch#191085). Elsewhere:
+    grouped heads unrepeated (`_sdpa_gqa`)."""
+    with sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else _sdpa_gqa():
         yield
 
 
