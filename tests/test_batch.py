@@ -174,8 +174,8 @@ def test_rounds_on_cuda_leave_cudnn_attention_out(monkeypatch):
     """A round's forward on CUDA runs SDPA without cuDNN's fused attention (it fails on some masked
     round shapes on Hopper; the first H200 run of gpu_check hit it), with the other backends on, grouped
     K/V heads repeated as transformers does, and the global settings restored after; on the CPU the
-    backends are left alone and grouped heads go to SDPA unrepeated. The forward itself is seen by
-    a spy on SDPA, so a forward_logits that stops using the context fails here."""
+    backends are left alone and grouped heads go to SDPA unrepeated. A spy on the context sees
+    forward_logits enter it with the rows' device, so a forward_logits that stops using it fails here."""
     from lp.decode import kv_cache
 
     cuda = torch.backends.cuda

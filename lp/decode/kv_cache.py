@@ -26,7 +26,7 @@ Supported range: transformers 5.17 .. 5.x. Differences handled here:
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -219,9 +219,9 @@ def forward(model, cache, **kwargs):
 def _sdpa_gqa():
     """transformers' SDPA path repeats grouped K/V heads whenever a mask is given (its
     `use_gqa_in_sdpa`; 5.17 and 5.24 alike): a copy of the whole attended cache per layer and
-    forward, the largest cost of a batched round on a CPU. torch's SDPA takes grouped heads with
-    any mask (`enable_gqa`), so while our forward runs, heads of equal key and value size go to it
-    unrepeated (MLA's unequal sizes keep transformers' rule)."""
+    forward, the largest cost of a batched round on a CPU. torch's SDPA on the CPU takes grouped
+    heads with any mask (`enable_gqa`), so while our forward runs there (`_round_sdpa`), heads of
+    equal key and value size go to it unrepeated (MLA's unequal sizes keep transformers' rule)."""
     module = _sdpa_module()
     if module is None or not hasattr(module, "use_gqa_in_sdpa"):
         yield
