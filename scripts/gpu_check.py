@@ -120,7 +120,8 @@ FULL = Plan(
             ("profile", "smollm2-135m"), ("job-compiled", "llama-7b"), ("job-compiled", "smollm2-135m")],
     prompts=4, prompt_tokens=96, new_tokens=156, inprocess_prompts=2, compiled_job_prompts=2,
     compiled_tokens=(128, 380), rows=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], prefix=512, repeats=5,
-    floors={"compiled": 90, "eager": 40, "job": 40, "exact": 20, "profile": 15, "lp": 30, "job-batched": 40,
+    # the compiled stage and the first job as the first H200 run took them (145 s, 68 s; they were 90 and 40)
+    floors={"compiled": 150, "eager": 40, "job": 70, "exact": 20, "profile": 15, "lp": 30, "job-batched": 40,
             "job-compiled": 40},
 )
 # tiny shapes and few tokens: the CPU smoke run of the tests, every kind of stage once at least (one
@@ -1137,8 +1138,9 @@ class Stages:
         k, p, new = self.plan.inprocess_prompts, self.plan.prompts, self.plan.new_tokens
         if kind == "exact":       # float32: twice the bytes per token
             return 2 * (load + (gen + look) * k * new), f"2 x ({how}: load + {k} x {new} tokens of both), float32"
-        if kind == "profile":     # a warm-up and a profiled decode of each; the profiler's overhead x 3
-            return load + 6 * (gen + look) * PROFILE_TOKENS, f"{how}: load + 6 x {PROFILE_TOKENS} tokens of both"
+        if kind == "profile":     # a warm-up and a profiled decode of each; the profiler's overhead: x 7
+            # (x 3 gave the H200's 7B profile 17.8 s, and it took 41 s of the 42 s it was allowed)
+            return load + 14 * (gen + look) * PROFILE_TOKENS, f"{how}: load + 14 x {PROFILE_TOKENS} tokens of both"
         start = self.report.get("job_start_seconds")
         if start is None or kind not in ("job", "job-batched", "lp"):
             return None
