@@ -234,3 +234,21 @@ def test_a_job_on_a_recurrent_model_exits_1_naming_it(tmp_path):
     assert len(lines) == 1 and "jamba has recurrent-state layers" in lines[0], result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()
+
+
+def test_the_cuda_attention_rule_is_exact_on_grouped_query_families(models, monkeypatch):
+    """On CUDA a round's forward runs SDPA without cuDNN and with grouped K/V heads repeated
+    (lp.decode.kv_cache._round_sdpa); no CPU can take that branch on its own, so here every round is
+    forced through it: each SDPA family with grouped heads still decodes to generate's ids in float64."""
+    from lp.decode import kv_cache
+
+    original = kv_cache._round_sdpa
+    monkeypatch.setattr(kv_cache, "_round_sdpa", lambda device: original(torch.device("cuda")))
+    configs = {f: models(f).config for f in FAMILIES}
+    grouped = [f for f, c in configs.items() if c._attn_implementation == "sdpa"
+               and getattr(c, "num_key_value_heads", None) not in (None, c.num_attention_heads)]
+    assert len(grouped) >= 20, grouped      # 28 of the 32 families today
+    for family in grouped:
+        model = models(family)
+        got = lookahead_generate(model, PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+        assert got.token_ids == generate(model, PROMPTS[0]), family
