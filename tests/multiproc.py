@@ -1,4 +1,4 @@
-"""Helpers for tests that start several `python -m lp.run` ranks by hand (no torchrun),
+"""Helpers for tests that start several `python -m lp.run` ranks by hand (no torchrun, its store in the test),
 so that what a rank does when a peer dies or refuses is our code's doing."""
 import json
 import os
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import yaml
+from torch.distributed import TCPStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,14 +44,22 @@ def prompt_lines(records: list[tuple[str, str]]) -> list[str]:
 
 
 def start_ranks(config: Path, *args: str, world: int = 2, quiet: bool = True) -> list[subprocess.Popen]:
-    port = free_port()
+    """`world` ranks of `python -m lp.run`, started as torchrun starts them: the job's c10d store lives in
+    this (the launching) process, like torchrun's agent store, and every rank is only its client. (When
+    rank 0 hosted it, its exit right after a startup refusal, with rank 1 leaving at the same moment,
+    once aborted in CI: 'terminate called without an active exception' from the store's teardown.)
+    Each process keeps a reference to the store (`proc.store`), so it lives as long as they are waited on."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)     # port 0: any free port
     procs = []
     for rank in range(world):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config),
-                                       *(["--quiet"] if quiet else []), *args],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        proc = subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config),
+                                 *(["--quiet"] if quiet else []), *args],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.store = store
+        procs.append(proc)
     return procs
 
 
