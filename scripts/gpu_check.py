@@ -21,8 +21,9 @@ order (Plan.stages):
   gives each system's slots), after an untimed pass that compiles every shape; its compile seconds
   per layer budget the later compiled stages;
 - eager/<model>: in this process, the model loaded as a job loads it, the forward-time curve, plain
-  `generate` and lookahead in a process group of one (NCCL; gloo on the CPU), rounds timed with
-  device marks (CUDA events: spans, which include the device's idle gaps) and host syncs counted;
+  `generate` and lookahead in a process group of one (NCCL; gloo on the CPU), each warmed up by one
+  untimed decode of the first prompt and timed on the others, rounds timed with device marks (CUDA
+  events: spans, which include the device's idle gaps) and host syncs counted;
 - job/<model>, job-batched/<model>: `python3 -m torch.distributed.run --standalone --nproc-per-node 1
   -m lp.run` (world size 1, NCCL), one prompt at a time with the in-run baseline, then every prompt
   in one batch;
@@ -95,7 +96,8 @@ class Plan:
     prompts: int            # prompts in the JSONL file (the jobs decode them all)
     prompt_tokens: int
     new_tokens: int
-    inprocess_prompts: int  # the first k prompts, decoded in process (and by the LP jobs)
+    inprocess_prompts: int  # the first k prompts, decoded in process (and by the LP jobs); the eager
+                            # stage warms up on the first and times the others (k >= 2)
     compiled_job_prompts: int          # the compiled jobs' data.limit and the compiled stage's prompts
     compiled_tokens: tuple  # the compiled stage's (prompt tokens, new tokens): see compiled_cache_slots
     rows: list
@@ -1271,11 +1273,19 @@ class Stages:
         comm = self.group(out)
         out["forward_curve"] = forward_curve(loaded.model, self.plan.prefix, self.plan.rows, self.plan.repeats)
         prompts, new = self.inprocess_prompts(loaded), self.plan.new_tokens
-        run_generate(loaded, prompts[:1], 4, self.cuda)                      # warm-up: first CUDA calls
-        run_lookahead(loaded, prompts[:1], 4, self.gpu_lookahead, self.cuda, comm=comm)
-        gen = run_generate(loaded, prompts, new, self.cuda)
-        look = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm)
+        # warm-up, untimed: each system decodes the first prompt in full, so that the timed prompts meet
+        # no shape for the first time (generate attends over a new cache length every token: in the H200
+        # run's job its first 156-token prompt took 83 ms per token against 30 for the next three, and a
+        # 4-token warm-up left that cost in this stage's figure)
+        warm = (run_generate(loaded, prompts[:1], new, self.cuda),
+                run_lookahead(loaded, prompts[:1], new, self.gpu_lookahead, self.cuda, comm=comm))
+        gen = run_generate(loaded, prompts[1:], new, self.cuda)
+        look = run_lookahead(loaded, prompts[1:], new, self.gpu_lookahead, self.cuda, comm=comm)
+        out["warm_up"] = {"prompts": 1, "generate_ms_per_forward": warm[0]["wall_ms_per_forward"],
+                          "lookahead_ms_per_round": warm[1]["wall_ms_per_round"]}
         look["world_size"], look["backend"] = (comm.world, comm.backend) if comm else (1, "none")
+        for system, first in zip((gen, look), warm):     # ids: every in-process prompt's, the warm-up's first
+            system["token_ids"] = first["token_ids"] + system["token_ids"]
         look["ids_equal_generate"] = equal_count(look["token_ids"], gen["token_ids"])
         look["differences_from_generate"] = first_differences(loaded.model, prompts, look["token_ids"],
                                                               gen["token_ids"])
@@ -1377,6 +1387,9 @@ def render(report: dict) -> str:
         if eager.get("status") == "ok":
             lines.append("  forward curve (rows: ms): " + ", ".join(
                 f"{p['rows']}: {1000 * p['seconds']:.2f}" for p in eager["forward_curve"]))
+            warm = eager["warm_up"]
+            lines.append(f"  warm-up prompt (untimed below): generate {_f(warm['generate_ms_per_forward'])} ms per "
+                         f"token, lookahead {_f(warm['lookahead_ms_per_round'])} ms per round")
         compiled = stages.get(f"compiled/{name}", {}).get("systems", {})
         systems = {**eager.get("systems", {}), **compiled}
         if systems:

@@ -142,7 +142,10 @@ def test_eager_stage(report):
         assert [p["rows"] for p in stage["forward_curve"]] == [1, 2, 4, 8, 16]
         assert all(p["seconds"] > 0 for p in stage["forward_curve"])
         gen, look = stage["systems"]["generate eager"], stage["systems"]["lookahead eager"]
-        assert gen["tokens"] == look["tokens"] == k * new and gen["forwards"] == k * new
+        # the first prompt warms each system up, untimed; the others are timed
+        assert gen["tokens"] == look["tokens"] == (k - 1) * new and gen["forwards"] == (k - 1) * new
+        assert len(gen["token_ids"]) == len(look["token_ids"]) == k          # ids: the warm-up's too
+        assert stage["warm_up"]["prompts"] == 1 and stage["warm_up"]["generate_ms_per_forward"] > 0
         assert look["world_size"] == 1 and look["backend"] == "gloo" and look["collectives_per_round"] == 2
         assert 0 < look["forward_device_ms"] <= look["device_ms_per_round"] and look["wall_ms_per_round"] > 0
         assert gen["device_ms_per_forward"] > 0 and look["rounds"] <= look["tokens"]
