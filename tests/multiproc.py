@@ -43,24 +43,29 @@ def prompt_lines(records: list[tuple[str, str]]) -> list[str]:
     return [json.dumps({"task_id": t, "prompt": p}) for t, p in records]
 
 
-def start_ranks(config: Path, *args: str, world: int = 2, quiet: bool = True) -> list[subprocess.Popen]:
-    """`world` ranks of `python -m lp.run`, started as torchrun starts them: the job's c10d store lives in
-    this (the launching) process, like torchrun's agent store, and every rank is only its client. (When
-    rank 0 hosted it, its exit right after a startup refusal, with rank 1 leaving at the same moment,
-    once aborted in CI: 'terminate called without an active exception' from the store's teardown.)
-    Each process keeps a reference to the store (`proc.store`), so it lives as long as they are waited on."""
+def start_python(args: list[str], world: int = 2, **env) -> list[subprocess.Popen]:
+    """`world` ranks of `python *args` (pipes for stdout and stderr), started as torchrun starts them:
+    the job's c10d store lives in this (the launching) process, like torchrun's agent store, and every
+    rank is only its client. (When rank 0 hosted it, its exit right after a startup refusal, with rank
+    1 leaving at the same moment, once aborted in CI: 'terminate called without an active exception'
+    from the store's teardown.) Each process keeps a reference to the store (`proc.store`), so it
+    lives as long as they are waited on. `env`: more environment variables for every rank."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)     # port 0: any free port
     procs = []
     for rank in range(world):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                   TORCHELASTIC_USE_AGENT_STORE="True", RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        proc = subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config),
-                                 *(["--quiet"] if quiet else []), *args],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rank_env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                        TORCHELASTIC_USE_AGENT_STORE="True", RANK=str(rank), LOCAL_RANK=str(rank),
+                        WORLD_SIZE=str(world), OMP_NUM_THREADS="1", **env)
+        proc = subprocess.Popen([sys.executable, *args], env=rank_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         proc.store = store
         procs.append(proc)
     return procs
+
+
+def start_ranks(config: Path, *args: str, world: int = 2, quiet: bool = True) -> list[subprocess.Popen]:
+    """`world` ranks of `python -m lp.run --config config *args` (start_python)."""
+    return start_python(["-m", "lp.run", "--config", str(config), *(["--quiet"] if quiet else []), *args], world)
 
 
 def wait_for_records(procs: list[subprocess.Popen], count_records, count: int) -> None:

@@ -3,18 +3,12 @@ with gloo, so LP with several ranks can be checked on one GPU. On the CPU: which
 gets, that NCCL and unknown values are refused, that a rank whose GPU is missing is refused without
 the setting, and a real two-rank gloo world with it on."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from lp.parallel import dist as lpdist
-from multiproc import free_port
-
-ROOT = Path(__file__).resolve().parents[1]
+from multiproc import free_port, start_python
 
 
 def test_device_per_rank():
@@ -73,20 +67,12 @@ comm = init_distributed("auto", 60, "cpu")
 gathered = comm.all_gather(torch.tensor([comm.rank], dtype=torch.long)).tolist()
 print(json.dumps({"rank": comm.rank, "world": comm.world, "backend": comm.backend, "device": str(comm.device),
                   "gathered": gathered}), flush=True)
-torch.distributed.barrier()     # both ranks done before either tears down (rank 0 holds the store)
 shutdown()
 """
 
 
 def test_two_ranks_with_the_setting():
-    port = str(free_port())
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LP_SHARED_DEVICE": "1",
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+    procs = start_python(["-c", RANK], LP_SHARED_DEVICE="1")
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
