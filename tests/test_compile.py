@@ -42,3 +42,24 @@ def test_compiled_rounds_on_windowed_and_mla_models(family):
     r = lookahead_generate(model, PROMPTS[1], params, GenerationParams(44), compile_mode="default")
     assert r.token_ids == generate(model, PROMPTS[1])
     assert max(r.emitted_per_round) > 1
+
+
+def test_compiled_rounds_keep_every_rows_logits(monkeypatch):
+    """A compiled round's shape is (rows, attended slots) alone: it keeps every fed row's logits, so
+    a job compiles a graph per pair and not per size of the logit frame too. Run with the compiled
+    rounds' layout and an eager forward (the shapes are the packer's), in float64 against generate."""
+    import lp.decode.batch as batch
+    import lp.engine as engine
+
+    model = tiny_random_llama(vocab=16, seed=1).model.double()
+    monkeypatch.setattr(engine, "compiled_forward", lambda m, mode: None if mode == "off" else m)
+    shapes, forward_logits = [], batch.forward_logits
+
+    def recorded(model, input_ids, position_ids, mask, cache, logit_rows, *args, **kwargs):
+        shapes.append((input_ids.shape[1], logit_rows))
+        return forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, *args, **kwargs)
+    monkeypatch.setattr(batch, "forward_logits", recorded)
+    params = LookaheadParams(3, 4, 3, lookup_candidates=2, lookup_tokens=6, suffix_factor=4, suffix_tokens=8)
+    r = lookahead_generate(model, PROMPT, params, GenerationParams(24), compile_mode="default")
+    assert r.token_ids == greedy(model, PROMPT, 24) and max(r.emitted_per_round) > 1
+    assert len(shapes) == r.forwards and all(k == q for q, k in shapes), shapes

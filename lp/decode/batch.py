@@ -17,9 +17,11 @@ one included):
 
 the deep frame holding the window's deepest cells (then PAD up to D, the most
 any request feeds), z*'s row b_0, and the node frame this rank's tree nodes in
-preorder (then PAD up to N). The forward keeps the last K = D + 1 + N rows,
-and the round's work after it (verification of every request's nodes, the
-payload, publication) is a fixed handful of ops on [B, ...] tensors. A fed row
+preorder (then PAD up to N). The forward keeps the last K = D + 1 + N rows
+(compiled rounds keep all Q: a compiled graph per (Q, attended slots), not per
+(Q, K, attended slots); the extra rows only cost logits), and the round's
+work after it (verification of every request's nodes, the payload,
+publication) is a fixed handful of ops on [B, ...] tensors. A fed row
 still goes to its round row's own cache slot (slot = the request's past + the
 row's index in its round; PAD rows after the round's), so the mask's key side
 is in round order and its query side in fed order.
@@ -32,7 +34,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from lp.decode.kv_cache import RoundCache, forward_logits
-from lp.decode.layout import FUTURE, bucket, round_mask
+from lp.decode.layout import FUTURE, round_mask
 from lp.decode.request import RoundPlan
 from lp.decode.verify import node_frame
 
@@ -54,7 +56,7 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
                fit: Callable[[int], int] = lambda q: q, fixed: bool = False) -> tuple[dict[str, list[int]], Packed]:
     """(sections for one upload, the round's shape) for the requests' `plans`: `pasts` are their
     committed cache slots, `rows` their cache rows, `width` the deepest tree node; `fit` pads Q to
-    a few sizes and `fixed` (compiled rounds) K too.
+    a few sizes, and `fixed` (compiled rounds) keeps every row's logits (K = Q): fewer shapes.
 
     Sections, request after request: per fed row "ids", "pos", "slot" (its cache slot: past + its
     index in the round) and "pre" (its preorder number, lp/decode/layout.py); "keys"
@@ -66,7 +68,7 @@ def pack_round(plans: Sequence[RoundPlan], pasts: Sequence[int], rows: Sequence[
     nodes = max(len(p.nodes) for p in plans)
     others = max(len(p.rnd) - 1 - len(p.rnd.deep_rows) - len(p.nodes) for p in plans)
     q = fit(others + deep + 1 + nodes)
-    k = min(bucket(deep + 1 + nodes), q) if fixed else deep + 1 + nodes
+    k = q if fixed else deep + 1 + nodes
     names = ("ids", "pos", "slot", "pre", "keys", "past", "rows", "tok", "par", "depth", "step", "dst", "meta")
     out: dict[str, list[int]] = {name: [] for name in names}
     for plan, past, row in zip(plans, pasts, rows):
