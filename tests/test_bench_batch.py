@@ -33,6 +33,7 @@ def test_bench_batch_on_the_default_job(tmp_path):
         assert s["tokens"] > 0 and s["tokens_per_s"] > 0 and s["latency_p50"] > 0
         assert isinstance(s["ids_equal"], int) and 0 <= s["ids_equal"] <= 2
         assert s["tokens"] == sum(len(ids) for ids in s["ids"].values() if ids)
+        assert s["latency_p50"] <= max(s["latencies"]) and s["latency_mean"] == sum(s["latencies"]) / 2
     assert systems["generate 1"]["ids_equal"] == 2
     for name in lp:                             # exact greedy: lp's ids are generate's, batched or not
         assert systems[name]["ids"] == reference and systems[name]["ids_equal"] == 2, name
@@ -48,6 +49,10 @@ def test_bench_batch_on_the_default_job(tmp_path):
     ratios = report["ratios"]
     assert ratios["lp_lookahead_best_over_generate_best"] > 0 and ratios["latency_p50_base_batch"] == 1
     assert set(ratios["lp_lookahead_over_no_drafts"]) == {"1", "2"}
+    means = ratios["lp_lookahead_mean_over_base_mean"]       # mean latency, what Little's law ties to tok/s
+    assert means["1"] == 1.0 and means["2"] == systems["lp lookahead 2"]["latency_mean"] / systems[
+        "lp lookahead 1"]["latency_mean"]
+    assert "lp lookahead mean latency / its B=1 mean: B=1 1.00, B=2" in proc.stdout
     assert "best lp lookahead / best transformers generate:" in proc.stdout
     assert "lp lookahead / lp no drafts, tok/s: B=1" in proc.stdout
     assert ratios["job_batch"] == 2 and ratios["job_batch_over_generate_best"] > 0   # the config's own batch size
