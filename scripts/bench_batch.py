@@ -34,8 +34,9 @@ out), mean batch (requests per forward) and ids equal (prompts whose ids equal
 `generate 1`'s, the reference). Then the ratios: the best `lp lookahead` tokens/s over the best
 `generate` one, `lp lookahead` over `lp no drafts` at every B, and `lp lookahead`'s p50 and mean latency
 at every B over its own at B=1. The mean is the one Little's law ties to throughput: the summed latencies
-are the run's wall time times its mean occupancy, so mean latency at B over B=1's is about mean batch x
-(B=1's tokens/s) / (B's tokens/s) (docs/benchmarks.md).
+are the run's wall time times the requests admitted on average (decoding, or waiting out a join's
+prefill; a little above mean batch), so mean latency at B over B=1's is (admitted at B) x (B=1's
+tokens/s) / (B's tokens/s) (docs/benchmarks.md, "All 164 prompts, every system, one run").
 
 One untimed warm-up runs first (short `generate` runs of one prompt and of two padded ones, short
 decode_batch runs of one prompt and of the first max(--batches) together), and a short transformers CB
