@@ -92,6 +92,17 @@ def test_a_swap_that_does_not_check_out_leaves_the_model_alone(monkeypatch):
     assert len(linears(m.model, torch.nn.Linear)) == 15 and not linears(m.model, OneDNNLinear)
 
 
+def test_a_torch_without_onednn_linear_ops_keeps_the_stock_linears(monkeypatch, caplog):
+    m = load_model(TINY, device="cpu")
+
+    def missing(self, linear):
+        raise RuntimeError("mkldnn::_linear_pointwise is not available in this build")
+    monkeypatch.setattr(OneDNNLinear, "__init__", missing)
+    assert use_onednn_linears(m.model) is False
+    assert len(linears(m.model, torch.nn.Linear)) == 15 and not linears(m.model, OneDNNLinear)
+    assert "oneDNN's packed linear is not available (RuntimeError" in caplog.text
+
+
 def test_bad_cpu_linear_is_refused():
     with pytest.raises(ModelLoadError, match="cpu_linear 'mkl'"):
         load_model(TINY, device="cpu", cpu_linear="mkl")
