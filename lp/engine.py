@@ -25,7 +25,7 @@ from lp.decode.arch import check_model
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, rows_per_request
 from lp.decode.device import Uploader
-from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_prefix, move_row, publish,
+from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_prefix, publish,
                                 round_cache)
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
@@ -174,7 +174,8 @@ def decode_batch(
         return state
 
     def ended() -> Iterator[tuple[Any, GenerationResult]]:
-        """The requests that ended leave; the others move down to the lowest cache rows."""
+        """The requests that ended leave; the others move down to the lowest cache rows (their
+        committed slots: a round writes the slots after them before it reads them)."""
         nonlocal active
         for state in [s for s in active if s.done]:
             if prefixes is not None:
@@ -183,7 +184,7 @@ def decode_batch(
         active = [s for s in active if not s.done]
         for row, state in enumerate(active):
             if state.row != row:
-                move_row(rounds.cache, state.row, row)
+                copy_prefix(rounds.cache, state.row, row, state.cached)
                 if prefixes is not None:     # the row it left still holds a copy
                     prefixes.left(state.row, state.in_cache)
                 state.row = row
@@ -269,7 +270,8 @@ class Rounds:
         payload = pack_payloads(first, hits, node, v["meta"][:, 1:], after, predicted[:, :shape.deep],
                                 self.deep_slots, self.filler)
         if comm.world == 1 and nodes:      # the accepted paths' K/V to their frontiers, on the device
-            publish(cache, v["dst"].scatter(1, slot, v["nslot"])[:, :width], v["dst"][:, :width], v["rows"])
+            reach = max(p.tree.max_depth for p in plans)      # no path is deeper than its tree
+            publish(cache, v["dst"].scatter(1, slot, v["nslot"])[:, :reach], v["dst"][:, :reach], v["rows"])
         gathered = comm.all_gather(payload.flatten()).tolist()   # the round's one read
         forward_seconds = time.perf_counter() - forward_start
 

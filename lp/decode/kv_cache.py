@@ -179,12 +179,6 @@ def copy_prefix(cache: RoundCache, src: int, dst: int, slots: int) -> None:
         buffer[:, dst, :, :slots].copy_(buffer[:, src, :, :slots])
 
 
-def move_row(cache: RoundCache, src: int, dst: int) -> None:
-    """Copy cache row `src` (a request's K/V) to row `dst` in every layer, in place."""
-    for buffer in cache.buffers:
-        buffer[:, dst].copy_(buffer[:, src])
-
-
 def compiled_forward(model, mode: str):
     """`torch.compile(model.forward, fullgraph=True, dynamic=False, mode=...)`, made once per
     model and mode (None for "off"). fullgraph: a graph break is an error, not a slow path;
