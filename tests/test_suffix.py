@@ -133,6 +133,50 @@ def test_matches_equal_a_rescan(seed):
         assert got == brute_matches(index.seqs, context, max_match, max_ngram)
 
 
+def brute_continuations(seqs, found, limit, min_score):
+    """The draft's nodes as a set of token paths with their scores, by counting, for every path of
+    up to `limit` tokens, the occurrences whose continuation starts with it; the `limit` best by
+    (count, shallower, the first occurrence reaching it) among those scored at least min_score."""
+    counts, first = {}, {}
+    for k, (s, e) in enumerate(found):
+        cont = tuple(seqs[s][e:e + limit])
+        for d in range(1, len(cont) + 1):
+            counts[cont[:d]] = counts.get(cont[:d], 0) + 1
+            first.setdefault(cont[:d], k)
+    total = len(found)
+    kept = [p for p in counts if counts[p] / total >= min_score]
+    kept.sort(key=lambda p: (-counts[p], len(p), first[p]))
+    return {p: counts[p] / total for p in kept[:limit]}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_draft_trees_equal_a_count_of_every_continuation(seed):
+    """Every match length's tree (not only the winner): its nodes and their scores, in the order
+    the occurrences reach them (parents first)."""
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 5])
+    index = SuffixIndex(rng.randint(1, 4), scan=rng.choice([3, 64]))
+    for _ in range(rng.randint(1, 3)):
+        index.add(rng.randrange(vocab) for _ in range(rng.randint(0, 80)))
+    context = [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+    for (match, found), limit, min_score in zip(index.matches(context), rng.choices([1, 3, 8, 40], k=99),
+                                                rng.choices([0.0, 0.1, 0.34, 1.0], k=99)):
+        d = index._continuations(found, match, limit, min_score)
+        got = {tuple(d.tokens[u] for u in path(d, i)): d.scores[i] for i in range(len(d))}
+        assert got == brute_continuations(index.seqs, found, limit, min_score)
+        assert all(d.parents[i] < i for i in range(len(d))) and d.match == match
+        reached = [(min(k for k, (s, e) in enumerate(found)      # (first occurrence reaching it, depth)
+                        if index.seqs[s][e:e + len(path(d, i))] == [d.tokens[u] for u in path(d, i)]),
+                    len(path(d, i))) for i in range(len(d))]
+        assert reached == sorted(reached)
+
+
+def test_an_empty_context_matches_nothing():
+    index = SuffixIndex(2)
+    index.add([1, 2, 3])
+    assert index.matches([]) == [] and len(index.draft([], max_nodes=4)) == 0
+
+
 def test_draft_scores_are_continuation_frequencies():
     index = SuffixIndex(2)
     index.add([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9])

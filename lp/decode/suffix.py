@@ -94,9 +94,9 @@ class SuffixIndex:
             if not found:
                 return out
             out.append((m, found))
-        m, found = out[-1]
-        if m < self.max_ngram:
+        if not out or out[-1][0] < self.max_ngram:
             return out
+        m, found = out[-1]
         lengths = []
         for s, e in found:
             seq, length = seqs[s], m
@@ -144,32 +144,32 @@ class SuffixIndex:
         return best
 
     def _continuations(self, found: list[tuple[int, int]], match: int, limit: int, min_score: float) -> Draft:
-        """The count trie of what followed each occurrence, at most `limit` nodes kept."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        counts: list[int] = []
-        child: dict[tuple[int, int], int] = {}
-        for s, e in found:
-            seq, node = self.seqs[s], -1
-            for t in seq[e:e + limit]:
-                key = (node, t)
-                nxt = child.get(key)
-                if nxt is None:
-                    nxt = child[key] = len(tokens)
-                    tokens.append(t)
-                    parents.append(node)
-                    counts.append(0)
-                counts[nxt] += 1
-                node = nxt
-        total = len(found)
-        depth: list[int] = []
-        for p in parents:
-            depth.append(1 if p < 0 else depth[p] + 1)
-        order = sorted(range(len(tokens)), key=lambda i: (-counts[i], depth[i], i))
-        keep = sorted(i for i in order[:limit] if counts[i] / total >= min_score)   # parents first
+        """The count trie of what followed each occurrence, at most `limit` nodes kept (best counts
+        first; ties: shallower, then the earlier occurrence), in the order the occurrences reach
+        them. Built a level at a time, each node only where at least `min_score` of the
+        occurrences reach it: a node's count never exceeds its parent's, so no node below that has
+        a kept descendant, and occurrences that part from every kept path are dropped at once."""
+        seqs, total = self.seqs, len(found)
+        nodes: list[tuple[int, int, int, int, int]] = []   # (first occurrence, depth, token, parent, count)
+        level: list[tuple[int, list[tuple[int, int, int]]]] = [(-1, [(k, s, e) for k, (s, e) in enumerate(found)])]
+        for depth in range(1, limit + 1):          # level[i]: a node and the occurrences through it
+            deeper = []
+            for parent, through in level:
+                groups: dict[int, list[tuple[int, int, int]]] = {}
+                for k, s, e in through:
+                    seq = seqs[s]
+                    if e + depth <= len(seq):
+                        groups.setdefault(seq[e + depth - 1], []).append((k, s, e))
+                for token, group in groups.items():
+                    if len(group) / total >= min_score:
+                        nodes.append((group[0][0], depth, token, parent, len(group)))
+                        deeper.append((len(nodes) - 1, group))
+            level = deeper
+        best = sorted(range(len(nodes)), key=lambda i: (-nodes[i][4], nodes[i][1], nodes[i][0]))[:limit]
+        keep = sorted(best, key=lambda i: nodes[i][:2])           # parents first
         new = {old: k for k, old in enumerate(keep)}
-        return Draft([tokens[i] for i in keep], [new.get(parents[i], -1) for i in keep],
-                     [counts[i] / total for i in keep], match)
+        return Draft([nodes[i][2] for i in keep], [new.get(nodes[i][3], -1) for i in keep],
+                     [nodes[i][4] / total for i in keep], match)
 
 
 def _add_span(out: list[tuple[int, ...]], cand: tuple[int, ...], limit: int) -> None:
