@@ -30,13 +30,14 @@ Columns: tokens/s (useful tokens over the wall time), latency p50, p95 and mean 
 S (useful tokens / request-forwards: each prompt's forwards summed; a static batch keeps a prompt in
 every forward of its batch, so S falls below 1 there once sequences stop early), rows per forward
 (rows fed, padding included), rows per decoding round (lp: the same with the prefill rounds left
-out), mean batch (requests per forward) and ids equal (prompts whose ids equal
+out), mean batch (requests per forward), admitted (the summed latencies over the wall time: the
+requests in the system on average, Little's law) and ids equal (prompts whose ids equal
 `generate 1`'s, the reference). Then the ratios: the best `lp lookahead` tokens/s over the best
 `generate` one, `lp lookahead` over `lp no drafts` at every B, and `lp lookahead`'s p50 and mean latency
 at every B over its own at B=1. The mean is the one Little's law ties to throughput: the summed latencies
-are the run's wall time times the requests admitted on average (decoding, or waiting out a join's
-prefill; a little above mean batch), so mean latency at B over B=1's is (admitted at B) x (B=1's
-tokens/s) / (B's tokens/s) (docs/benchmarks.md, "All 164 prompts, every system, one run").
+are the run's wall time times the requests admitted on average (`admitted`: decoding, or waiting out a
+join's prefill; a little above mean batch), so mean latency at B over B=1's is (admitted at B / admitted
+at B=1) x (B=1's tokens/s) / (B's tokens/s) (docs/benchmarks.md, "All 164 prompts, every system, one run").
 
 One untimed warm-up runs first (short `generate` runs of one prompt and of two padded ones, short
 decode_batch runs of one prompt and of the first max(--batches) together), and a short transformers CB
@@ -140,6 +141,7 @@ class Bench:
                    tokens_per_s=tokens / seconds if seconds > 0 else None,
                    latency_p50=percentile(latency, 50), latency_p95=percentile(latency, 95),
                    latency_mean=sum(latency) / len(latency) if latency else None, latencies=latency,
+                   admitted=sum(latency) / seconds if seconds > 0 else None,
                    compression=tokens / request_forwards if request_forwards else None,
                    forwards=forwards, rows_per_forward=rows / forwards if forwards and rows is not None else None,
                    mean_batch=occupancy / forwards if forwards and occupancy is not None else None,
@@ -379,14 +381,15 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
                f"kernels, {n} {cfg.data.source} prompts{' (chat)' if cfg.data.chat_template else ''}, "
                f"max_new_tokens {cfg.generation.max_new_tokens}, greedy, torch threads {torch.get_num_threads()}\n")
     click.echo(f"{'system':>22} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p95 s':>7} {'mean s':>7} {'S':>6} "
-               f"{'rows/fwd':>8} {'rows/dec':>8} {'batch':>6} {'ids equal':>9}")
+               f"{'rows/fwd':>8} {'rows/dec':>8} {'batch':>6} {'admitted':>8} {'ids equal':>9}")
     for s in systems:
         click.echo(f"{s['system']:>22} {s['tokens']:>7} {fmt(s['tokens_per_s'], '8.2f'):>8} "
                    f"{fmt(s['latency_p50'], '7.2f'):>7} {fmt(s['latency_p95'], '7.2f'):>7} "
                    f"{fmt(s['latency_mean'], '7.2f'):>7} "
                    f"{fmt(s['compression'], '6.3f'):>6} {fmt(s['rows_per_forward'], '8.1f'):>8} "
                    f"{fmt(s.get('rows_per_decoding_round'), '8.1f'):>8} "
-                   f"{fmt(s['mean_batch'], '6.2f'):>6} {str(s['ids_equal']) + '/' + str(n):>9}")
+                   f"{fmt(s['mean_batch'], '6.2f'):>6} {fmt(s['admitted'], '8.2f'):>8} "
+                   f"{str(s['ids_equal']) + '/' + str(n):>9}")
     if cb_error is not None:
         click.echo(f"transformers continuous batching: n/a ({cb_error})")
 
@@ -419,14 +422,10 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
                    + ", ".join(f"B={b} {r:.2f}x" for b, r in ratios["lp_lookahead_over_no_drafts"].items()))
     base = min(lp_sizes)                     # B=1 unless --batches leaves it out
     ratios["latency_p50_base_batch"] = base
-    ratios["lp_lookahead_p50_over_base_p50"] = {b: look[b]["latency_p50"] / look[base]["latency_p50"]
-                                                for b in lp_sizes}
-    click.echo(f"lp lookahead p50 / its B={base} p50: "
-               + ", ".join(f"B={b} {r:.2f}" for b, r in ratios["lp_lookahead_p50_over_base_p50"].items()))
-    ratios["lp_lookahead_mean_over_base_mean"] = {b: look[b]["latency_mean"] / look[base]["latency_mean"]
-                                                  for b in lp_sizes}
-    click.echo(f"lp lookahead mean latency / its B={base} mean: "
-               + ", ".join(f"B={b} {r:.2f}" for b, r in ratios["lp_lookahead_mean_over_base_mean"].items()))
+    for key, what in (("p50", "p50"), ("mean", "mean latency")):
+        over = {b: look[b][f"latency_{key}"] / look[base][f"latency_{key}"] for b in lp_sizes}
+        ratios[f"lp_lookahead_{key}_over_base_{key}"] = over
+        click.echo(f"lp lookahead {what} / its B={base} {key}: " + ", ".join(f"B={b} {r:.2f}" for b, r in over.items()))
     job = cfg.generation.batch_size              # the config's own batch size: what its job ships with
     if job in look:
         ratios["job_batch"] = job

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,6 +55,9 @@ def test_bench_batch_on_the_default_job(tmp_path):
     assert means["1"] == 1.0 and means["2"] == systems["lp lookahead 2"]["latency_mean"] / systems[
         "lp lookahead 1"]["latency_mean"]
     assert "lp lookahead mean latency / its B=1 mean: B=1 1.00, B=2" in proc.stdout
+    one, two = systems["lp lookahead 1"], systems["lp lookahead 2"]    # Little's law, with the admitted column
+    assert two["admitted"] == sum(two["latencies"]) / two["seconds"] and 0 < one["admitted"] <= 1.0 + 1e-9
+    assert means["2"] == pytest.approx(two["admitted"] / one["admitted"] * one["tokens_per_s"] / two["tokens_per_s"])
     assert "best lp lookahead / best transformers generate:" in proc.stdout
     assert "lp lookahead / lp no drafts, tok/s: B=1" in proc.stdout
     assert ratios["job_batch"] == 2 and ratios["job_batch_over_generate_best"] > 0   # the config's own batch size
