@@ -23,7 +23,7 @@ import torch
 
 from lp.decode.arch import check_model
 from lp.decode.batch import Packed, forward_round, pack_round
-from lp.decode.budget import Acceptance, rows_per_request
+from lp.decode.budget import Acceptance, DraftBackoff, ranked_chances, rows_per_request
 from lp.decode.device import Uploader
 from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_prefix, publish,
                                 round_cache)
@@ -34,7 +34,7 @@ from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_
                                window_seed)
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
-from lp.decode.tree import TokenTree
+from lp.decode.tree import EMPTY, TokenTree
 from lp.decode.verify import decide, node_mismatch, pack_payloads, path_verdicts
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
@@ -119,6 +119,7 @@ def decode_batch(
     streamer=None,
     stats: BatchStats | None = None,
     row_cost: Callable[[int, int], float] | None = None,
+    draft_cost: float = 0.0,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each; `request` names it in the sampling draws)
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
@@ -133,7 +134,8 @@ def decode_batch(
     rank); a request's greedy tokens never depend on what shares its forwards. `row_cost` (seconds of
     one forward of n requests of q rows each: the device's measured grid,
     lp.measure.cost_model.batch_forward_time) turns on the row budget (lp/decode/budget.py): each
-    round the leader cuts every request's tree to the rows that pay for themselves."""
+    round the leader cuts every request's tree to the rows that pay for themselves, and for their
+    drafting, `draft_cost` host seconds per request (lp.measure.cost_model.draft_time)."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -144,7 +146,7 @@ def decode_batch(
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
     rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost,
-                    batch_size)
+                    batch_size, draft_cost)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
@@ -217,8 +219,9 @@ class Rounds:
 
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
-                 row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1):
-        self.model, self.comm, self.kinds, self.row_cost = model, comm, kinds, row_cost
+                 row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0):
+        self.model, self.comm, self.kinds, self.row_cost, self.draft_cost = model, comm, kinds, row_cost, draft_cost
+        self.backoff = DraftBackoff()
         self.tree_budget = lookahead.tree_budget or None
         self.acceptance, self.offered = Acceptance(), None      # the row budget's learned chances
         self.width, self.capacity = lookahead.width, lookahead.capacity   # deepest node; most nodes
@@ -302,10 +305,13 @@ class Rounds:
         there is one (the rows of one worker: base rows, then the best nodes)."""
         if self.row_cost is None:
             return [s.proposer.tree() for s in states]
+        if not self.backoff.drafts():           # the last rounds' trees did not pay: no drafting either
+            return [EMPTY] * len(states)
         builders = [s.proposer.candidates() for s in states]
-        chances = [[self.acceptance.chance(score, depth) for score, depth in b.ranking(self.tree_budget)]
-                   for b in builders]
-        _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost)
+        chances = [ranked_chances(b, self.acceptance, self.tree_budget) for b in builders]
+        _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost, self.draft_cost)
+        if any(chances):                         # there were nodes to weigh
+            self.backoff.kept(any(keep))
         built = [b.build_scored(k) for b, k in zip(builders, keep)]
         self.offered = [scores for _, scores in built]       # observed against the decisions
         return [tree for tree, _ in built]

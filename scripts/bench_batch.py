@@ -58,7 +58,6 @@ import dataclasses
 import json
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +69,7 @@ from lp.decode.stopping import StopChecker
 from lp.engine import BatchStats, LookaheadParams, decode_batch
 from lp.jobs.config import ConfigError, load_config
 from lp.jobs.data import DataError, load_prompts, request_id
-from lp.jobs.runner import measure_curve, prompt_ids
-from lp.measure.cost_model import batch_forward_time
+from lp.jobs.runner import budget_kwargs, measure_costs, prompt_ids
 from lp.jobs.summary import percentile
 from lp.models import ModelLoadError, load_model
 
@@ -205,7 +203,7 @@ class Bench:
         return self.record(f"generate {k}", "generate", k, ids, seconds, latency, request_forwards, counter.rows,
                            counter.count, counter.batch)
 
-    def lp(self, name: str, kind: str, params: LookaheadParams, b: int, row_cost=None) -> dict[str, Any]:
+    def lp(self, name: str, kind: str, params: LookaheadParams, b: int, costs=None) -> dict[str, Any]:
         corpus = job_cache(params)          # as a job makes it: None unless suffix drafts with job_cache
         stats = BatchStats()
         ids: list[list[int] | None] = [None] * len(self.prompts)
@@ -215,7 +213,7 @@ class Bench:
         for i, result in decode_batch(self.model, work, params, dataclasses.replace(self.gen, batch_size=b),
                                       batch_size=b, prompt_tokens=self.longest, eos_token_ids=self.eos,
                                       tokenizer=self.tok, corpus=corpus, compile_mode=self.cfg.model.compile,
-                                      stats=stats, row_cost=row_cost if b > 1 else None):
+                                      stats=stats, **budget_kwargs(costs if b > 1 else None)):
             if isinstance(result, Exception):
                 errors.append(f"{self.prompts[i]['task_id']}: {result}")
                 continue
@@ -354,16 +352,16 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
         bench.generate(k)
     for b in plain_sizes:
         bench.lp(f"lp no drafts {b}", "lp_no_drafts", plain, b)
-    row_cost = None
-    if cfg.lookahead.row_budget and max(lp_sizes) > 1:     # the job's row budget: its curve, measured once
+    costs = None
+    if cfg.lookahead.row_budget and max(lp_sizes) > 1:     # the job's row budget: its costs, measured once
         t0 = time.perf_counter()
-        curve = measure_curve(dataclasses.replace(cfg, generation=dataclasses.replace(
-            cfg.generation, batch_size=max(lp_sizes))), loaded)
-        row_cost = partial(batch_forward_time, curve)
-        click.echo(f"forward-time grid, measured in {time.perf_counter() - t0:.1f} s (requests x rows: ms): "
-                   + ", ".join(f"{p['batch']}x{p['rows']}:{1000 * p['seconds']:.0f}" for p in curve), err=True)
+        costs = measure_costs(dataclasses.replace(cfg, generation=dataclasses.replace(
+            cfg.generation, batch_size=max(lp_sizes))), loaded, selected)
+        click.echo(f"row budget's costs, measured in {time.perf_counter() - t0:.1f} s: drafting "
+                   f"{1000 * costs['draft_seconds']:.2f} ms per request; forwards (requests x rows: ms) "
+                   + ", ".join(f"{p['batch']}x{p['rows']}:{1000 * p['seconds']:.0f}" for p in costs["curve"]), err=True)
     for b in lp_sizes:
-        bench.lp(f"lp lookahead {b}", "lp_lookahead", cfg.lookahead, b, row_cost)
+        bench.lp(f"lp lookahead {b}", "lp_lookahead", cfg.lookahead, b, costs)
     cb_error = None
     for b in cb_sizes:
         try:

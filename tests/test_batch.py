@@ -69,6 +69,27 @@ def test_every_request_of_a_batch_is_its_own_generate(models, family):
             assert {r.finish_reason for r in out.values()} == {"eos", "length"}
 
 
+@pytest.mark.parametrize("rows_cost", ["free", "ruinous"])
+def test_row_budget_rounds_are_exact_and_stop_drafting_when_trees_do_not_pay(models, rows_cost, monkeypatch):
+    """The budgeted round (row_cost, draft_cost) keeps every request its own generate. Where rows are
+    free every round drafts; where every row costs as much as a forward's ten requests, the budget keeps
+    no node and the leader drafts in fewer and fewer rounds (lp.decode.budget.DraftBackoff)."""
+    from lp.decode.propose import Proposer
+    model = models("llama")
+    references = [generate(model, p) for p in PROMPTS]
+    drafted = []
+    monkeypatch.setattr(Proposer, "candidates", lambda self, f=Proposer.candidates: drafted.append(1) or f(self))
+    cost = (lambda n, q: 1.0) if rows_cost == "free" else (lambda n, q: 1.0 + 10.0 * n * (q - 1))
+    stats = BatchStats()
+    out = run_batch(model, PROMPTS, CONFIGS["job"], 4, stats=stats, row_cost=cost, draft_cost=1e-4)
+    assert [out[i].token_ids for i in range(len(PROMPTS))] == references
+    if rows_cost == "free":       # every request drafts in every round, its prefill included
+        assert len(drafted) == stats.occupancy and any(e > 1 for r in out.values() for e in r.emitted_per_round)
+    else:
+        assert all(e == 1 for r in out.values() for e in r.emitted_per_round)     # no node kept, ever
+        assert 0 < len(drafted) < stats.occupancy / 3
+
+
 def test_packed_round_logits_equal_each_round_alone():
     """Three requests at different pasts with different rounds (a prefill with a window, one ordinary
     row with a tree, a window and a tree) packed into one forward over a 3-row cache: every logit row

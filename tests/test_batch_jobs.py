@@ -78,7 +78,11 @@ def test_killed_batched_job_resumes_to_one_record_per_task(tmp_path):
     out = tmp_path / "out"
     kept = kill_after(config, 3, out)
     assert 3 <= len(kept) < len(TEXTS) + 2, "the job finished before it could be killed"
+    costs = (out / "cost_curve.json").read_text()        # the row budget's, measured before the kill
+    recorded = json.loads(costs)
+    assert recorded["draft_seconds"] > 0 and {p["batch"] for p in recorded["curve"]} == {1, 2}
     run(config)
+    assert (out / "cost_curve.json").read_text() == costs             # reused on resume, not measured again
     resumed = records(out)
     assert lines_of(out / "results.jsonl")[:len(kept)] == kept
     assert len(resumed) == len({r["task_id"] for r in resumed}) == len(TEXTS) + 2
@@ -117,3 +121,17 @@ def test_bad_batch_settings_are_config_errors(tmp_path, sets, message):
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *[x for s in sets for x in ("--set", s)]])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_recorded_costs_from_before_drafting_was_measured_read_as_no_drafting_charge(tmp_path):
+    from lp.jobs.results import JobDir, JobDirError
+    job_dir = JobDir(tmp_path)
+    assert job_dir.read_costs() is None
+    curve = [{"batch": 1, "rows": 1, "seconds": 0.01}]
+    job_dir.curve_path.write_text(json.dumps({"prefix_tokens": 256, "curve": curve}))
+    assert job_dir.read_costs() == {"curve": curve, "draft_seconds": 0.0}
+    job_dir.write_costs({"curve": curve, "draft_seconds": 2e-4}, 256)
+    assert job_dir.read_costs() == {"curve": curve, "draft_seconds": 2e-4}
+    job_dir.curve_path.write_text("[1, 2]")
+    with pytest.raises(JobDirError, match="cannot be read .*delete it to measure the costs again"):
+        job_dir.read_costs()

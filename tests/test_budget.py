@@ -1,14 +1,16 @@
 """The row budget (lp/decode/budget.py): the Q it picks maximises expected tokens per second over every
-Q, never does worse than the round without drafts, keeps whole trees where rows are free and cuts them
-where rows cost their weight."""
+Q, drafting's host seconds charged to rounds that keep a node, never does worse than the round without
+drafts, keeps whole trees where rows are free and cuts them where rows cost their weight; the leader
+stops drafting for a while after rounds that keep nothing."""
 import random
 
-from lp.decode.budget import rows_per_request
+from lp.decode.budget import QUIET_MOST, DraftBackoff, rows_per_request
 
 
-def rate(bases, scores, cost, q):
-    tokens = sum(1 + sum(s[:max(0, q - b)]) for b, s in zip(bases, scores))
-    return tokens / cost(len(bases), q)
+def rate(bases, scores, cost, q, drafting=0.0):
+    keep = [min(len(s), max(0, q - b)) for b, s in zip(bases, scores)]
+    tokens = sum(1 + sum(s[:k]) for k, s in zip(keep, scores))
+    return tokens / (cost(len(bases), q) + (len(bases) * drafting if any(keep) else 0.0))
 
 
 def test_free_rows_keep_every_tree_and_costly_rows_keep_none():
@@ -29,18 +31,42 @@ def test_a_lone_request_on_a_flat_curve_keeps_its_tree():
 
 def test_the_chosen_rows_are_the_best_by_the_estimate():
     rng = random.Random(0)
-    for _ in range(300):
+    for _ in range(600):
         n = rng.randint(1, 6)
         bases = [rng.randint(1, 4) for _ in range(n)]
         scores = [sorted((rng.random() for _ in range(rng.randint(0, 12))), reverse=True) for _ in range(n)]
         a, b, knee = rng.uniform(0.5, 2), rng.uniform(0, 0.2), rng.randint(1, 64)
         cost = lambda n, q: a + b * max(0, n * q - knee)  # noqa: E731  (flat, then linear: a GPU-like curve)
-        q, keep = rows_per_request(bases, scores, cost)
+        drafting = rng.choice([0.0, 0.0, rng.uniform(0, 0.3)])
+        q, keep = rows_per_request(bases, scores, cost, drafting)
         qs = range(max(bases), max(b + len(s) for b, s in zip(bases, scores)) + 1)
-        best = max(rate(bases, scores, cost, x) for x in qs)
-        assert abs(rate(bases, scores, cost, q) - best) <= 1e-9 * best
-        assert rate(bases, scores, cost, q) >= rate(bases, scores, cost, max(bases))    # never below no drafts
-        assert keep == [min(len(s), q - b) for b, s in zip(bases, scores)]
+        best = max(rate(bases, scores, cost, x, drafting) for x in qs)
+        chosen = rate(bases, scores, cost, q, drafting) if any(keep) else n / cost(n, max(bases))
+        assert chosen >= best * (1 - 1e-9) and chosen >= n / cost(n, max(bases)) * (1 - 1e-9)  # never below none
+        assert keep == ([min(len(s), q - b) for b, s in zip(bases, scores)] if any(keep) else [0] * n)
+
+
+def test_drafting_is_charged_to_the_rounds_that_keep_a_node():
+    """One node of chance 0.5 for a row that costs 0.4 pays (1.5 / 1.4 tokens per second against 1.0);
+    with 0.1 s of drafting per request it no longer does, and the round keeps nothing."""
+    cost = lambda n, q: 1.0 + 0.4 * (q - 1)  # noqa: E731
+    assert rows_per_request([1], [[0.5]], cost) == (2, [1])
+    assert rows_per_request([1], [[0.5]], cost, drafting=0.1) == (1, [0])
+    assert rows_per_request([1], [[0.5]], cost, drafting=0.09) == (2, [1])
+    # nodes beside a wider base cost no row, but their drafting is charged all the same
+    assert rows_per_request([1, 2], [[0.05], []], lambda n, q: 1.0) == (2, [1, 0])
+    assert rows_per_request([1, 2], [[0.05], []], lambda n, q: 1.0, drafting=0.1) == (2, [0, 0])
+
+
+def test_the_leader_drafts_less_and_less_while_rounds_keep_nothing():
+    backoff, drafted = DraftBackoff(), []
+    outcomes = iter([False] * 5 + [True] + [False])
+    for _ in range(40):
+        drafted.append(backoff.drafts())
+        if drafted[-1]:
+            backoff.kept(next(outcomes, True))
+    skipped = [len(run) for run in "".join("d" if d else "." for d in drafted).split("d") if run]
+    assert skipped == [1, 2, 4, QUIET_MOST, QUIET_MOST, 1]     # doubling to QUIET_MOST; a kept node resets it
 
 
 def test_acceptance_starts_from_the_score_and_learns_the_job():

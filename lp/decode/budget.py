@@ -12,10 +12,13 @@ as the job goes: the share of the nodes offered in each (score decile, depth) ce
 accepted, from a prior of score / 4 worth a few observations. It is a function of the trees and the
 tokens only, never of timings. `rows_per_request` picks the Q that maximises the expected tokens per second of the
 round over every Q from the largest base to the largest full round, the smallest Q among equals, so
-adding rows is only done when the drafts' expected gain pays for them; Q = the largest base (no tree
-anywhere but what fits beside the widest base) is always a candidate, so by the estimate a round
-is never slower than the same round without drafts. A lone request on a device where rows are free
-keeps its whole tree.
+adding rows is only done when the drafts' expected gain pays for them. A round that keeps nodes is
+also charged the host seconds of drafting (`drafting` per request: measured once at start-up with the
+grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round without
+any node is always a candidate, so by the estimate a round is never slower than the same round
+without drafts, host work included. The leader (lp.engine.Rounds) stops drafting for a while after a
+round that kept no node, so rounds whose trees do not pay stop paying for the drafting too. A lone
+request on a device where rows are free keeps its whole tree.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Callable, Sequence
 PRIOR_SCALE = 0.25      # a node's chance before any observation: its score times this
 PRIOR_WEIGHT = 4.0      # ...worth this many observations
 DEPTHS = 16             # cells by depth 1..16 (deeper nodes share the last)
+QUIET_MOST = 8          # most rounds the leader goes without drafting after rounds that kept no node
 
 
 class Acceptance:
@@ -51,18 +55,53 @@ class Acceptance:
             self.accepted[k] += u in accepted
 
 
-def rows_per_request(bases: Sequence[int], scores: Sequence[Sequence[float]],
-                     cost: Callable[[int, int], float]) -> tuple[int, list[int]]:
+def ranked_chances(builder, acceptance: Acceptance, budget: int | None = None) -> list[float]:
+    """A request's candidate nodes' chances of acceptance (`builder`: its lp.decode.tree.TreeBuilder),
+    in the order its tree keeps them, best first: what the budget weighs."""
+    return [acceptance.chance(score, depth) for score, depth in builder.ranking(budget)]
+
+
+class DraftBackoff:
+    """When the leader drafts: after a round whose budget kept no node, the next round drafts nothing;
+    after another such round the next 2, then 4, up to QUIET_MOST; a round that keeps a node resets
+    it. Drafting is paid before the budget decides, so this bounds what rounds whose trees do not pay
+    spend on it. A function of the budget's decisions only (of the tokens and the recorded grid)."""
+
+    def __init__(self):
+        self.quiet = 0          # rounds to skip after the next round that keeps nothing
+        self.waiting = 0        # rounds left to skip
+
+    def drafts(self) -> bool:
+        """Whether this round drafts (a skipped round counts down)."""
+        if self.waiting:
+            self.waiting -= 1
+            return False
+        return True
+
+    def kept(self, any_node: bool) -> None:
+        """A drafted round's outcome."""
+        self.quiet = 0 if any_node else min(2 * self.quiet or 1, QUIET_MOST)
+        self.waiting = self.quiet
+
+
+def rows_per_request(bases: Sequence[int], scores: Sequence[Sequence[float]], cost: Callable[[int, int], float],
+                     drafting: float = 0.0) -> tuple[int, list[int]]:
     """(Q, nodes each request keeps) for requests with `bases` base rows and tree nodes whose chances
-    of acceptance are `scores` (each request's in the order its tree keeps them, best first)."""
+    of acceptance are `scores` (each request's in the order its tree keeps them, best first). A
+    round that keeps any node is charged `drafting` host seconds per request besides its forward
+    (drafting and its trees: what a round without them does not do); the round without a node is
+    always a candidate, Q = the largest base."""
     n = len(bases)
     gains = [list(accumulate(s, initial=0.0)) for s in scores]    # gains[b][k]: its k best nodes
     low = max(bases)
     high = max(b + len(s) for b, s in zip(bases, scores))
-    best, best_rate = low, -1.0
+    best, best_keep, best_rate = low, [0] * n, n / max(cost(n, low), 1e-12)
     for q in range(low, high + 1):
-        tokens = sum(1.0 + g[min(len(g) - 1, q - b)] for b, g in zip(bases, gains))
-        rate = tokens / max(cost(n, q), 1e-12)
+        keep = [min(len(s), q - b) for b, s in zip(bases, scores)]
+        if not any(keep):
+            continue
+        tokens = sum(1.0 + g[k] for g, k in zip(gains, keep))
+        rate = tokens / max(cost(n, q) + n * drafting, 1e-12)
         if rate > best_rate * (1 + 1e-12):
-            best, best_rate = q, rate
-    return best, [min(len(s), best - b) for b, s in zip(bases, scores)]
+            best, best_keep, best_rate = q, keep, rate
+    return best, best_keep

@@ -181,18 +181,21 @@ class JobDir:
 
     # ---- writing ------------------------------------------------------------------------------------------
 
-    def read_curve(self) -> list[dict[str, float]] | None:
-        """The forward-time curve recorded with this job (the row budget's), None before one is."""
+    def read_costs(self) -> dict[str, Any] | None:
+        """The row budget's costs recorded with this job ({"curve": the forward-time grid,
+        "draft_seconds": drafting's host seconds per request; 0.0 in a file from before it was
+        recorded}), None before they are."""
         try:
-            return json.loads(self.curve_path.read_text(encoding="utf-8"))["curve"]
+            data = json.loads(self.curve_path.read_text(encoding="utf-8"))
+            return {"curve": list(data["curve"]), "draft_seconds": float(data.get("draft_seconds", 0.0))}
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise JobDirError(f"{self.curve_path} cannot be read ({e}); delete it to measure the curve again") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise JobDirError(f"{self.curve_path} cannot be read ({e}); delete it to measure the costs again") from None
 
-    def write_curve(self, curve: list[dict[str, float]], prefix: int) -> list[dict[str, float]]:
-        write_atomic(self.curve_path, json.dumps({"prefix_tokens": prefix, "curve": curve}, indent=1) + "\n")
-        return curve
+    def write_costs(self, costs: dict[str, Any], prefix: int) -> dict[str, Any]:
+        write_atomic(self.curve_path, json.dumps({"prefix_tokens": prefix, **costs}, indent=1) + "\n")
+        return costs
 
     def append(self, record: dict[str, Any]) -> None:
         """Add one finished prompt's record: one line, flushed and fsynced before returning."""

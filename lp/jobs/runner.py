@@ -35,9 +35,10 @@ from __future__ import annotations
 import logging
 import sys
 from functools import partial
+from itertools import islice
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from lp.baseline import autoregressive_generate
 from lp.decode.propose import job_cache
@@ -50,7 +51,7 @@ from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
-from lp.measure.cost_model import batch_curve, batch_forward_time
+from lp.measure.cost_model import batch_curve, batch_forward_time, draft_time
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
 
@@ -116,13 +117,13 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
                     loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
-        curve = None      # the row budget's forward-time curve: measured once, kept with the job for a resume
+        costs = None      # the row budget's costs: measured once, kept with the job for a resume
         if first and budgeted(cfg):
-            curve = job.read_curve() or job.write_curve(measure_curve(cfg, loaded), CURVE_PREFIX)
+            costs = job.read_costs() or job.write_costs(measure_costs(cfg, loaded, prompts), CURVE_PREFIX)
         if comm.dp_size > 1:
             comm.world_barrier()
         if comm.lead and not first and budgeted(cfg):
-            curve = job.read_curve()
+            costs = job.read_costs()
         start = time.perf_counter()
         if not comm.lead:
             _follow(cfg, loaded, comm)
@@ -130,7 +131,7 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             return None
         bar = Progress(len(prompts), sum(p.task_id in job.records for p in prompts), enabled=progress)
         try:
-            _lead(cfg, loaded, comm, prompts, job, bar, handout, curve)
+            _lead(cfg, loaded, comm, prompts, job, bar, handout, costs)
             if not first:
                 job.close()     # closed (and fsynced line by line) before the group counts itself done
                 handout.done()
@@ -190,7 +191,7 @@ def answer(cfg: JobConfig, prompt: Prompt, text: str) -> tuple[str, str]:
 
 
 def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt], job: JobDir,
-          bar: "Progress", handout: Handout, curve: list[dict] | None = None) -> None:
+          bar: "Progress", handout: Handout, costs: dict | None = None) -> None:
     """A group's leader: decode (and share with its group) every prompt it claims that has no record,
     append each record (with the group's index) to its group's results file, and count it on the
     handout, so that `bar` (global rank 0's) shows every group's records.
@@ -247,7 +248,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
                                  cfg.generation, batch_size=cfg.generation.batch_size, prompt_tokens=longest,
                                  eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
                                  corpus=corpus, compile_mode=cfg.model.compile,
-                                 row_cost=None if curve is None else partial(batch_forward_time, curve)))
+                                 **budget_kwargs(costs)))
     else:
         outcomes = ((prompt, ids, decode(cfg, loaded, ids, comm, request, shared, corpus))
                     for shared, (prompt, ids, request) in enumerate(claims()))
@@ -312,18 +313,31 @@ def curve_batches(batch_size: int) -> list[int]:
     return sorted({4 ** k for k in range(batch_size.bit_length()) if 4 ** k <= batch_size} | {batch_size})
 
 
-def measure_curve(cfg: JobConfig, loaded: LoadedModel) -> list[dict]:
-    """Seconds of one batched round's forward on this device by requests and rows per request
-    (lp.measure.cost_model.batch_curve): `curve_batches` requests, by powers of two of rows up to
-    what a round can feed (at most 64 per request, 512 in all; read off linearly past them)."""
+def measure_costs(cfg: JobConfig, loaded: LoadedModel, prompts: Sequence[Prompt]) -> dict[str, Any]:
+    """The row budget's costs on this device: {"curve": seconds of one batched round's forward by
+    requests and rows per request (lp.measure.cost_model.batch_curve: `curve_batches` requests, by
+    powers of two of rows up to what a round can feed, at most 64 per request, 512 in all; read off
+    linearly past them), "draft_seconds": host seconds of one request's drafting in a round
+    (lp.measure.cost_model.draft_time, on the first batch_size prompts that encode)}."""
     batches = curve_batches(cfg.generation.batch_size)
     most = min(64, round_rows_bound(cfg.lookahead, cfg.lookahead.width))
     rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
     t0 = time.perf_counter()
     curve = batch_curve(loaded.model, CURVE_PREFIX, batches, rows, repeats=2)
-    logger.info("row budget: forward times of %d batch sizes x %d row counts measured in %.1f s",
-                len(batches), len(rows), time.perf_counter() - t0)
-    return curve
+    limit = context_limit(loaded.model)
+    encoded = (encode_prompt(p, loaded, cfg, limit) for p in prompts)
+    firsts = list(islice((ids for ids, error in encoded if error is None), cfg.generation.batch_size))
+    drafting = draft_time(cfg.lookahead, firsts)
+    logger.info("row budget: forward times of %d batch sizes x %d row counts and drafting (%.2f ms per request) "
+                "measured in %.1f s", len(batches), len(rows), 1000 * drafting, time.perf_counter() - t0)
+    return {"curve": curve, "draft_seconds": drafting}
+
+
+def budget_kwargs(costs: dict[str, Any] | None) -> dict[str, Any]:
+    """decode_batch's row budget arguments from the recorded `costs` (none: no budget)."""
+    if costs is None:
+        return {}
+    return {"row_cost": partial(batch_forward_time, costs["curve"]), "draft_cost": costs["draft_seconds"]}
 
 
 def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,

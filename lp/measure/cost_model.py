@@ -304,6 +304,27 @@ def batch_forward_time(curve: Sequence[dict], batch: int, rows: float) -> float:
     return max(t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo), 0.0)
 
 
+def draft_time(params, prompts: Sequence[Sequence[int]], repeats: int = 3) -> float:
+    """Median host seconds of one request's drafting in a budgeted round (lp.engine.Rounds.propose:
+    its proposer's candidates and their chances, ranked; `params` a LookaheadParams), over
+    `prompts`, each drafting from its own prompt and, with a job cache, from an index of the other
+    prompts (standing in for the job's earlier completions); a first pass warms up."""
+    from lp.decode.budget import Acceptance, ranked_chances
+    from lp.decode.propose import Proposer, job_cache
+
+    corpus = job_cache(params)
+    for ids in prompts if corpus is not None else ():
+        corpus.add(ids)        # its own copy has nothing after the context's end: it never matches
+    proposers, acceptance = [Proposer(params, ids, corpus) for ids in prompts], Acceptance()
+    times = []
+    for _ in range(repeats + 1):
+        for proposer in proposers:
+            t = time.perf_counter()
+            ranked_chances(proposer.candidates(), acceptance, params.tree_budget or None)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[len(proposers):]) if proposers else 0.0
+
+
 @torch.inference_mode()
 def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int, device="cpu",
                    repeats: int = 50) -> float:
