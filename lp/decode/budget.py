@@ -17,7 +17,8 @@ also charged the host seconds of drafting (`drafting` per request: measured once
 grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round without
 any node is always a candidate, so by the estimate a round is never slower than the same round
 without drafts, host work included. The leader (lp.engine.Rounds) stops drafting for a while after a
-round that kept no node, so rounds whose trees do not pay stop paying for the drafting too. A lone
+round that weighed nodes and kept none (`DraftBackoff`), so rounds whose trees do not pay stop paying
+for the drafting too. A lone
 request on a device where rows are free keeps its whole tree.
 """
 from __future__ import annotations
@@ -62,9 +63,9 @@ def ranked_chances(builder, acceptance: Acceptance, budget: int | None = None) -
 
 
 class DraftBackoff:
-    """When the leader drafts: after a round whose budget kept no node, the next round drafts nothing;
-    after another such round the next 2, then 4, up to QUIET_MOST; a round that keeps a node resets
-    it. Drafting is paid before the budget decides, so this bounds what rounds whose trees do not pay
+    """When the leader drafts: after a round whose budget weighed nodes and kept none, the next round
+    drafts nothing; after another such round the next 2, then 4, up to QUIET_MOST; a round that
+    keeps a node resets it (a round without candidates changes nothing). Drafting is paid before the budget decides, so this bounds what rounds whose trees do not pay
     spend on it. A function of the budget's decisions only (of the tokens and the recorded grid)."""
 
     def __init__(self):
