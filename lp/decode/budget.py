@@ -65,8 +65,9 @@ def ranked_chances(builder, acceptance: Acceptance, budget: int | None = None) -
 class DraftBackoff:
     """When the leader drafts: after a round whose budget weighed nodes and kept none, the next round
     drafts nothing; after another such round the next 2, then 4, up to QUIET_MOST; a round that
-    keeps a node resets it (a round without candidates changes nothing). Drafting is paid before the budget decides, so this bounds what rounds whose trees do not pay
-    spend on it. A function of the budget's decisions only (of the tokens and the recorded grid)."""
+    keeps a node resets it (a round without candidates changes nothing). Drafting is paid before
+    the budget decides, so this bounds what rounds whose trees do not pay spend on it. A function of
+    the budget's decisions only (of the tokens and the recorded costs)."""
 
     def __init__(self):
         self.quiet = 0          # rounds to skip after the next round that keeps nothing
