@@ -252,3 +252,59 @@ def test_the_cuda_attention_rule_is_exact_on_grouped_query_families(models, monk
         model = models(family)
         got = lookahead_generate(model, PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(NEW))
         assert got.token_ids == generate(model, PROMPTS[0]), family
+
+
+def test_grouped_query_families_decode_through_packed_heads(models, monkeypatch):
+    """On the CPU a round's several-row attention goes to SDPA with a group's query heads stacked
+    along the rows (lp.decode.kv_cache.grouped_sdpa): a spy on SDPA sees every grouped-query SDPA
+    family's rounds call it with as many heads as K/V heads and never with repeated K/V, and the
+    families still decode to generate's ids in float64 (test_family_is_identical_to_generate)."""
+    from lp.decode import kv_cache
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        seen.append((query.shape[1], key.shape[1], query.shape[2]))
+        return sdpa(query, key, value, *args, **kwargs)
+    configs = {f: models(f).config for f in FAMILIES}
+    grouped = [f for f, c in configs.items() if c._attn_implementation == "sdpa"
+               and getattr(c, "num_key_value_heads", None) not in (None, c.num_attention_heads)]
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    for family in grouped[:6]:
+        seen.clear()
+        got = lookahead_generate(models(family), PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(8))
+        calls, heads = list(seen), configs[family].num_attention_heads
+        assert got.token_ids == generate(models(family), PROMPTS[0], 8), family
+        assert calls and all(k < q for q, k, _ in calls if q == heads), (family, calls[:3])   # never repeated
+        assert any(q == k and rows > 1 for q, k, rows in calls), family                       # packed rows
+
+
+@pytest.mark.parametrize("rows,heads,mask_heads,dtype", [(1, 6, 1, torch.float32), (5, 6, 1, torch.float32),
+                                                          (5, 6, 6, torch.float64), (7, 4, 1, torch.bool)])
+def test_grouped_sdpa_is_transformers_sdpa(rows, heads, mask_heads, dtype):
+    """grouped_sdpa gives transformers' own SDPA attention (grouped heads repeated) for float and
+    boolean masks shared by all heads or per head, at one row and several; with a float32 additive mask
+    (a round's) the same bits as SDPA with enable_gqa (the CPU kernel computes each query row alone)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from lp.decode.kv_cache import grouped_sdpa
+
+    gen = torch.Generator().manual_seed(rows * 10 + heads)
+    value_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    batch, kv, span, size = 3, 2, 40, 8
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = heads // kv, True
+    q = torch.randn(batch, heads, rows, size, generator=gen, dtype=value_dtype)
+    k, v = (torch.randn(batch, kv, span, size, generator=gen, dtype=value_dtype) for _ in range(2))
+    hidden = torch.rand(batch, mask_heads, rows, span, generator=gen) < 0.3
+    hidden[..., 0] = False                       # every row sees a slot
+    mask = ~hidden if dtype == torch.bool else torch.zeros(hidden.shape, dtype=value_dtype).masked_fill(
+        hidden, torch.finfo(value_dtype).min)
+    got, _ = grouped_sdpa(module, q, k, v, mask, scaling=0.3)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+    assert got.shape == want.shape == (batch, rows, heads, size)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 if value_dtype == torch.float64 else 1e-6)
+    if dtype == torch.float32 and mask_heads == 1:
+        gqa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        assert torch.equal(got, gqa.transpose(1, 2))

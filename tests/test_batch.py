@@ -195,23 +195,26 @@ def test_rounds_on_cuda_leave_cudnn_attention_out(monkeypatch):
     """A round's forward on CUDA runs SDPA without cuDNN's fused attention (it fails on some masked
     round shapes on Hopper; the first H200 run of gpu_check hit it), with the other backends on, grouped
     K/V heads repeated as transformers does, and the global settings restored after; on the CPU the
-    backends are left alone and grouped heads go to SDPA unrepeated. A spy on the context sees
-    forward_logits enter it with the rows' device, so a forward_logits that stops using it fails here."""
+    backends are left alone and transformers' "sdpa" attention is lp's grouped one (heads unrepeated)
+    until the forward ends. A spy on the context sees forward_logits enter it with the rows' device,
+    so a forward_logits that stops using it fails here."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     from lp.decode import kv_cache
 
     cuda = torch.backends.cuda
     before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
               cuda.math_sdp_enabled())
-    sdpa = kv_cache._sdpa_module()
-    repeats = sdpa.use_gqa_in_sdpa     # transformers' rule: grouped heads repeated whenever a mask is given
+    stock = ALL_ATTENTION_FUNCTIONS["sdpa"]     # transformers' own: grouped heads repeated with a mask
+    assert stock is not kv_cache.grouped_sdpa
     with kv_cache._round_sdpa(torch.device("cuda")):
         assert not cuda.cudnn_sdp_enabled()
         assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
-        assert sdpa.use_gqa_in_sdpa is repeats     # on CUDA, heads repeated for the memory-efficient kernel
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is stock     # on CUDA, heads repeated for the memory-efficient kernel
     with kv_cache._round_sdpa(torch.device("cpu")):
         assert cuda.cudnn_sdp_enabled() == before[0]
-        assert sdpa.use_gqa_in_sdpa is not repeats     # on the CPU, grouped heads go to SDPA unrepeated
-    assert sdpa.use_gqa_in_sdpa is repeats
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is kv_cache.grouped_sdpa
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is stock
     assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
             cuda.math_sdp_enabled()) == before
 

@@ -209,23 +209,68 @@ def forward(model, cache, **kwargs):
     return model(use_cache=True, **kwargs)
 
 
+def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention (`sdpa_attention_forward`, same arguments and result) for a
+    round on the CPU, with grouped K/V heads never repeated. transformers repeats them whenever a
+    mask is given (its `use_gqa_in_sdpa`; 5.17 to 5.25): a copy of the whole attended cache per
+    layer and forward. Rows of several queries go to SDPA packed: the query heads that share a
+    K/V head are stacked along the rows, [B, kv heads, groups x Q, D], with the mask repeated to
+    match (made once per forward: every layer of a round gets the same mask tensor), so each K/V
+    head is read once for its whole group; the CPU's flash kernel computes each query row alone,
+    so the outputs are the same bits as with `enable_gqa`, which is what single-row queries get
+    (it is the faster of the two at one row, slower at several: docs/benchmarks.md, "Grouped heads
+    packed"). Anything else (no groups, no tensor mask, unequal key and value sizes as in MLA,
+    position bias, softcapping, sinks, dropout) goes to transformers' own function."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, rows, size = query.shape
+    plain = (groups == 1 or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4
+             or dropout or key.shape[-1] != value.shape[-1] or key.shape[1] * groups != heads
+             or attention_mask.shape[1] not in (1, heads) or attention_mask.shape[2] != rows
+             or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "s_aux", "sinks")))
+    if plain:
+        return _sdpa_module().sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling,
+                                                     is_causal, **kwargs)
+    if rows == 1:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                               scale=scaling, enable_gqa=True)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.reshape(batch, heads // groups, groups * rows, size), key, value,
+            attn_mask=_packed_mask(attention_mask, groups), scale=scaling)
+    return out.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+_PACKED: list = [None, None]       # the last mask packed and its packing (a round's layers share it)
+
+
+def _packed_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """`mask` [b, 1 or heads, Q, S] for query heads stacked by group: [b, 1 or kv heads, groups x Q, S]
+    (kept for the next layer's call outside compiled graphs: inside one, the graph keeps it)."""
+    if _PACKED[0] is mask:
+        return _PACKED[1]
+    b, h, q, s = mask.shape
+    shared = mask.expand(b, groups, q, s) if h == 1 else mask.view(b, h // groups, groups, q, s)
+    packed = shared.reshape(b, 1 if h == 1 else h // groups, groups * q, s)
+    if not torch.compiler.is_compiling():
+        _PACKED[:] = mask, packed
+    return packed
+
+
 @contextmanager
-def _sdpa_gqa():
-    """transformers' SDPA path repeats grouped K/V heads whenever a mask is given (its
-    `use_gqa_in_sdpa`; 5.17 and 5.24 alike): a copy of the whole attended cache per layer and
-    forward, the largest cost of a batched round on a CPU. torch's SDPA on the CPU takes grouped
-    heads with any mask (`enable_gqa`), so while our forward runs there (`_round_sdpa`), heads of
-    equal key and value size go to it unrepeated (MLA's unequal sizes keep transformers' rule)."""
-    module = _sdpa_module()
-    if module is None or not hasattr(module, "use_gqa_in_sdpa"):
-        yield
-        return
-    original = module.use_gqa_in_sdpa
-    module.use_gqa_in_sdpa = lambda mask, key, value: key.shape[-1] == value.shape[-1] or original(mask, key, value)
+def _grouped_heads():
+    """While a round's forward runs on the CPU, transformers' "sdpa" attention is `grouped_sdpa`
+    (set on the shared attention table, restored after, with the packed mask it kept)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    before = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_sdpa
     try:
         yield
     finally:
-        module.use_gqa_in_sdpa = original
+        if before is None:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+        else:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = before
+        _PACKED[:] = None, None
 
 
 # SDPA's backends for a round on CUDA: every one but cuDNN's fused attention, which torch tries
@@ -241,8 +286,8 @@ def _round_sdpa(device: torch.device):
     and grouped K/V heads repeated as transformers does with a mask (without cuDNN, the only
     kernels that take grouped heads with a mask on the torch the GPU machine has are math's: the
     memory-efficient kernel learned them only in mid-2026, pytorch/pytorch#191085). Elsewhere:
-    grouped heads unrepeated (`_sdpa_gqa`)."""
-    with sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else _sdpa_gqa():
+    grouped heads unrepeated (`grouped_sdpa`)."""
+    with sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else _grouped_heads():
         yield
 
 
