@@ -171,6 +171,28 @@ def test_draft_trees_equal_a_count_of_every_continuation(seed):
         assert reached == sorted(reached)
 
 
+@pytest.mark.parametrize("seed", range(300))
+def test_draft_is_the_best_tree_over_every_match_length(seed):
+    """draft() returns the tree of largest gain (sum of score - min_score) over every match length's
+    tree, the longest match on ties, though it builds only some of them (it skips lengths whose
+    largest draft cannot win and shorter lengths with the same occurrences as the one before)."""
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 5])
+    index = SuffixIndex(rng.randint(1, 4), scan=rng.choice([3, 64]))
+    for _ in range(rng.randint(1, 3)):
+        index.add(rng.randrange(vocab) for _ in range(rng.randint(0, 80)))
+    context = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
+    max_nodes, factor, min_score = rng.choice([1, 4, 32]), rng.choice([1.0, 2.5, 8.0]), rng.choice([0.0, 0.1, 0.5])
+    best, gain = None, 0.0
+    for match, found in reversed(index.matches(context)):
+        d = index._continuations(found, match, min(max_nodes, int(factor * match + 1e-9)), min_score)
+        g = sum(d.scores) - min_score * len(d)
+        if g > gain:
+            best, gain = d, g
+    got = index.draft(context, max_nodes, factor, min_score)
+    assert got == best if best is not None else len(got) == 0
+
+
 def test_an_empty_context_matches_nothing():
     index = SuffixIndex(2)
     index.add([1, 2, 3])

@@ -131,12 +131,14 @@ class SuffixIndex:
         without nodes scored below `min_score`; the draft with the largest sum of
         (score - min_score) wins, the longer match on ties. `min_score` is the
         acceptance probability below which a row costs more than it is expected to
-        return."""
-        best, gain = NO_DRAFT, 0.0
+        return. A shorter match with the same occurrences as the longer one drafted before it is
+        skipped: its draft is that one's cut to fewer nodes, so it cannot win."""
+        best, gain, longer = NO_DRAFT, 0.0, None
         for match, found in reversed(self.matches(context, max_match)):
             limit = min(max_nodes, math.floor(factor * match + 1e-9))
-            if limit * (1 - min_score) <= gain:
-                continue                 # even a full draft of sure nodes cannot win
+            if limit * (1 - min_score) <= gain or found == longer:
+                continue                 # a full draft of sure nodes cannot win, or a cut of the last one
+            longer = found
             d = self._continuations(found, match, limit, min_score)
             g = sum(d.scores) - min_score * len(d)
             if g > gain:
