@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -220,7 +221,9 @@ class Rounds:
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
                  row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0):
-        self.model, self.comm, self.kinds, self.row_cost, self.draft_cost = model, comm, kinds, row_cost, draft_cost
+        self.model, self.comm, self.kinds, self.draft_cost = model, comm, kinds, draft_cost
+        # the budget reads the same (requests, rows) cells round after round: each read off the grid once
+        self.row_cost = lru_cache(maxsize=None)(row_cost) if row_cost is not None else None
         self.backoff = DraftBackoff()
         self.tree_budget = lookahead.tree_budget or None
         self.acceptance, self.offered = Acceptance(), None      # the row budget's learned chances
