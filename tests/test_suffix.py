@@ -149,16 +149,22 @@ def brute_continuations(seqs, found, limit, min_score):
     return {p: counts[p] / total for p in kept[:limit]}
 
 
+def random_corpus(rng: random.Random, context_most: int) -> tuple[SuffixIndex, list[int]]:
+    """An index of 1-3 random sequences over a 2-5 token vocabulary, and a context of up to
+    `context_most` tokens from the same vocabulary."""
+    vocab = rng.choice([2, 3, 5])
+    index = SuffixIndex(rng.randint(1, 4), scan=rng.choice([3, 64]))
+    for _ in range(rng.randint(1, 3)):
+        index.add(rng.randrange(vocab) for _ in range(rng.randint(0, 80)))
+    return index, [rng.randrange(vocab) for _ in range(rng.randint(1, context_most))]
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_draft_trees_equal_a_count_of_every_continuation(seed):
     """Every match length's tree (not only the winner): its nodes and their scores, in the order
     the occurrences reach them (parents first)."""
     rng = random.Random(seed)
-    vocab = rng.choice([2, 3, 5])
-    index = SuffixIndex(rng.randint(1, 4), scan=rng.choice([3, 64]))
-    for _ in range(rng.randint(1, 3)):
-        index.add(rng.randrange(vocab) for _ in range(rng.randint(0, 80)))
-    context = [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+    index, context = random_corpus(rng, 10)
     for (match, found), limit, min_score in zip(index.matches(context), rng.choices([1, 3, 8, 40], k=99),
                                                 rng.choices([0.0, 0.1, 0.34, 1.0], k=99)):
         d = index._continuations(found, match, limit, min_score)
@@ -177,11 +183,7 @@ def test_draft_is_the_best_tree_over_every_match_length(seed):
     tree, the longest match on ties, though it builds only some of them (it skips lengths whose
     largest draft cannot win and shorter lengths with the same occurrences as the one before)."""
     rng = random.Random(seed)
-    vocab = rng.choice([2, 3, 5])
-    index = SuffixIndex(rng.randint(1, 4), scan=rng.choice([3, 64]))
-    for _ in range(rng.randint(1, 3)):
-        index.add(rng.randrange(vocab) for _ in range(rng.randint(0, 80)))
-    context = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
+    index, context = random_corpus(rng, 12)
     max_nodes, factor, min_score = rng.choice([1, 4, 32]), rng.choice([1.0, 2.5, 8.0]), rng.choice([0.0, 0.1, 0.5])
     best, gain = None, 0.0
     for match, found in reversed(index.matches(context)):
