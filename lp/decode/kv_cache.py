@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
 COMPILE_MODES = ("off", "default", "reduce-overhead")
@@ -228,8 +229,8 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
              or attention_mask.shape[1] not in (1, heads) or attention_mask.shape[2] != rows
              or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "s_aux", "sinks")))
     if plain:
-        return _sdpa_module().sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling,
-                                                     is_causal, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                                      **kwargs)
     if rows == 1:
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                                scale=scaling, enable_gqa=True)
@@ -260,7 +261,7 @@ def _packed_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
 def _grouped_heads():
     """While a round's forward runs on the CPU, transformers' "sdpa" attention is `grouped_sdpa`
     (set on the shared attention table, restored after, with the packed mask it kept)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS     # heavy: imported when a forward runs
     before = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
     ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_sdpa
     try:
@@ -289,15 +290,6 @@ def _round_sdpa(device: torch.device):
     grouped heads unrepeated (`grouped_sdpa`)."""
     with sdpa_kernel(list(ROUND_SDPA_BACKENDS)) if device.type == "cuda" else _grouped_heads():
         yield
-
-
-@lru_cache(maxsize=None)
-def _sdpa_module():
-    try:
-        from transformers.integrations import sdpa_attention
-    except ImportError:     # pragma: no cover  (a transformers without the module: nothing to change)
-        return None
-    return sdpa_attention
 
 
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
