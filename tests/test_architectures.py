@@ -256,11 +256,9 @@ def test_the_cuda_attention_rule_is_exact_on_grouped_query_families(models, monk
 
 def test_grouped_query_families_decode_through_packed_heads(models, monkeypatch):
     """On the CPU a round's several-row attention goes to SDPA with a group's query heads stacked
-    along the rows (lp.decode.kv_cache.grouped_sdpa): a spy on SDPA sees every grouped-query SDPA
-    family's rounds call it with as many heads as K/V heads and never with repeated K/V, and the
-    families still decode to generate's ids in float64 (test_family_is_identical_to_generate)."""
-    from lp.decode import kv_cache
-
+    along the rows (lp.decode.kv_cache.grouped_sdpa): a spy on SDPA sees the first six grouped-query
+    SDPA families' rounds call it with as many heads as K/V heads and never with repeated K/V, and
+    they still decode to generate's ids in float64 (every family: test_family_is_identical_to_generate)."""
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
