@@ -10,16 +10,15 @@ suffix draft from one earlier occurrence scores 1.0 at every depth; on the embed
 offered were accepted about six times less often than their scores said), so `Acceptance` learns it
 as the job goes: the share of the nodes offered in each (score decile, depth) cell that were
 accepted, from a prior of score / 4 worth a few observations. It is a function of the trees and the
-tokens only, never of timings. `rows_per_request` picks the Q that maximises the expected tokens per second of the
-round over every Q from the largest base to the largest full round, the smallest Q among equals, so
-adding rows is only done when the drafts' expected gain pays for them. A round that keeps nodes is
-also charged the host seconds of drafting (`drafting` per request: measured once at start-up with the
-grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round without
-any node is always a candidate, so by the estimate a round is never slower than the same round
+tokens only, never of timings. `rows_per_request` picks the Q that maximises the expected tokens per
+second of the round over every Q from the largest base to the largest full round, the smallest Q among
+equals, so adding rows is only done when the drafts' expected gain pays for them. A round that keeps
+nodes is also charged the host seconds of drafting (`drafting` per request: measured once at start-up
+with the grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round
+without any node is always a candidate, so by the estimate a round is never slower than the same round
 without drafts, host work included. The leader (lp.engine.Rounds) stops drafting for a while after a
 round that weighed nodes and kept none (`DraftBackoff`), so rounds whose trees do not pay stop paying
-for the drafting too. A lone
-request on a device where rows are free keeps its whole tree.
+for the drafting too. A lone request on a device where rows are free keeps its whole tree.
 """
 from __future__ import annotations
 

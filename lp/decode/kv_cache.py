@@ -294,8 +294,9 @@ def _round_sdpa(device: torch.device):
 
 def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slots=None,
                    compiled=None) -> torch.Tensor:
-    """One forward over a round's rows [B, Q]; logits [B, K, V] for `logit_rows` only. With a RoundCache, `slots` are the cache slots the rows are written to; `compiled`
-    is a compiled model call."""
+    """One forward over a round's rows [B, Q]; logits [B, K, V] for `logit_rows` only. With a
+    RoundCache, `slots` are the cache slots the rows are written to; `compiled` is a compiled model
+    call."""
     if slots is not None:
         cache.slots = slots
     if isinstance(cache, RoundCache):       # attention reads as many slots as the mask is wide
