@@ -221,7 +221,7 @@ class Rounds:
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
                  row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0):
-        self.model, self.comm, self.kinds, self.draft_cost = model, comm, kinds, draft_cost
+        self.model, self.comm, self.kinds, self.draft_cost, self.batch_size = model, comm, kinds, draft_cost, batch_size
         # the budget reads the same (requests, rows) cells round after round: each read off the grid once
         self.row_cost = lru_cache(maxsize=None)(row_cost) if row_cost is not None else None
         self.backoff = DraftBackoff()
@@ -312,7 +312,11 @@ class Rounds:
             return [EMPTY] * len(states)
         builders = [s.proposer.candidates() for s in states]
         chances = [ranked_chances(b, self.acceptance, self.tree_budget) for b in builders]
-        _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost, self.draft_cost)
+        # a joining request's prefill holds up the batch: its nodes must earn what a full batch's plain
+        # decoding round earns in the same seconds
+        joining = len(states) == 1 and states[0].result.forwards == 0 and self.batch_size > 1
+        floor = self.batch_size / self.row_cost(self.batch_size, 1) if joining else 0.0
+        _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost, self.draft_cost, floor)
         if any(chances):                         # there were nodes to weigh
             self.backoff.kept(any(keep))
         built = [b.build_scored(k) for b, k in zip(builders, keep)]

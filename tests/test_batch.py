@@ -90,6 +90,32 @@ def test_row_budget_rounds_are_exact_and_stop_drafting_when_trees_do_not_pay(mod
         assert 0 < len(drafted) < stats.occupancy / 3
 
 
+def test_only_a_joining_requests_prefill_gets_the_budgets_floor(models, monkeypatch):
+    """The leader gives the row budget a floor rate only in a joining request's prefill round (which
+    holds up the batch), and it is a full batch's plain decoding rate, batch_size / cost(batch_size, 1);
+    every other round, a lone request's at the end included, gets none; tokens stay each generate's."""
+    import lp.engine
+    model = models("llama")
+    references = [generate(model, p) for p in PROMPTS]
+    calls, first = [], [False]         # (a prefill round?, requests, floor) for each budget call
+    budget = lp.engine.rows_per_request
+    monkeypatch.setattr(lp.engine, "rows_per_request", lambda bases, scores, cost, drafting, floor:
+                        calls.append((first[0], len(bases), floor)) or budget(bases, scores, cost, drafting, floor))
+    run = lp.engine.Rounds.run
+
+    def marked(self, states, stats):
+        first[0] = len(states) == 1 and states[0].result.forwards == 0
+        return run(self, states, stats)
+    monkeypatch.setattr(lp.engine.Rounds, "run", marked)
+    cost = lambda n, q: 1.0 + 0.01 * n * q  # noqa: E731
+    out = run_batch(model, PROMPTS, CONFIGS["job"], 3, row_cost=cost)
+    assert [out[i].token_ids for i in range(len(PROMPTS))] == references
+    floors = [floor for prefill, _, floor in calls if prefill]       # (a round the backoff skips drafts not)
+    assert len(floors) >= len(PROMPTS) - 1 and set(floors) == {3 / cost(3, 1)}
+    assert all(floor == 0.0 for prefill, _, floor in calls if not prefill)
+    assert any(n == 1 for prefill, n, _ in calls if not prefill)        # lone rounds at the end
+
+
 def test_packed_round_logits_equal_each_round_alone():
     """Three requests at different pasts with different rounds (a prefill with a window, one ordinary
     row with a tree, a window and a tree) packed into one forward over a 3-row cache: every logit row

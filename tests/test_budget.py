@@ -77,3 +77,36 @@ def test_acceptance_starts_from_the_score_and_learns_the_job():
         table.observe([1.0, 1.0, 1.0], [1, 2, 3], {0})
     assert table.chance(1.0, 1) > 0.9 and table.chance(1.0, 2) < 0.05 and table.chance(1.0, 3) < 0.05
     assert table.chance(0.4, 3) == 0.4 * PRIOR_SCALE      # other cells keep their prior
+
+
+def test_a_floor_rate_makes_a_prefills_nodes_earn_what_decoding_would():
+    """A prefill-like round (100 base rows, 10 ms a row) earns 1 token in a second: by its own rate every
+    node of chance above 0.1 pays. Against a floor of 20 tokens per second a node must earn 20 x its
+    0.01 s row, so only the nodes of chance above 0.2 stay; the pick is the best expected tokens less
+    floor x seconds over every Q (a brute force agrees), and a floor below the round's best rate
+    changes nothing."""
+    cost = lambda n, q: 0.01 * n * q  # noqa: E731
+    scores = [0.9, 0.6, 0.3, 0.25, 0.15, 0.12, 0.11]
+    assert rows_per_request([100], [scores], cost) == (107, [7])
+    assert rows_per_request([100], [scores], cost, floor=20.0) == (104, [4])
+    assert rows_per_request([100], [scores], cost, floor=0.5) == (107, [7])
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randint(1, 4)
+        bases = [rng.randint(1, 120) for _ in range(n)]
+        scores = [sorted((rng.random() for _ in range(rng.randint(0, 10))), reverse=True) for _ in range(n)]
+        a, b = rng.uniform(0.01, 0.05), rng.uniform(0.0005, 0.003)
+        cost = lambda n, q: a + b * n * q  # noqa: E731
+        drafting, floor = rng.choice([0.0, 0.001]), rng.uniform(0, 200)
+        q, keep = rows_per_request(bases, scores, cost, drafting, floor)
+        qs = range(max(bases), max(b + len(s) for b, s in zip(bases, scores)) + 1)
+        rates = [n / cost(n, max(bases))] + [rate(bases, scores, cost, x, drafting) for x in qs]
+        if max(rates) * (1 - 1e-9) >= floor:
+            continue
+        def profit(x):
+            keep = [min(len(s), max(0, x - b)) for b, s in zip(bases, scores)]
+            if not any(keep):
+                return n - floor * cost(n, max(bases))
+            return rate(bases, scores, cost, x, drafting) * (cost(n, x) + n * drafting) - floor * (cost(n, x) + n * drafting)
+        best = max([n - floor * cost(n, max(bases))] + [profit(x) for x in qs])
+        assert profit(q) >= best - 1e-9

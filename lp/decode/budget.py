@@ -12,7 +12,11 @@ as the job goes: the share of the nodes offered in each (score decile, depth) ce
 accepted, from a prior of score / 4 worth a few observations. It is a function of the trees and the
 tokens only, never of timings. `rows_per_request` picks the Q that maximises the expected tokens per
 second of the round over every Q from the largest base to the largest full round, the smallest Q among
-equals, so adding rows is only done when the drafts' expected gain pays for them. A round that keeps
+equals, so adding rows is only done when the drafts' expected gain pays for them. A joining request's
+prefill runs alone while the batch waits, and its own rate (a prompt's rows for a token or two) would
+make any node look cheap: the leader gives it a floor, a full batch's plain decoding rate, that each
+node must earn instead (on the embedded job at B = 4 the prefill trees of 15 to 24 nodes had added
+about one token per prompt for 20 to 35 ms of rows each). A round that keeps
 nodes is also charged the host seconds of drafting (`drafting` per request: measured once at start-up
 with the grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round
 without any node is always a candidate, so by the estimate a round is never slower than the same round
@@ -86,23 +90,33 @@ class DraftBackoff:
 
 
 def rows_per_request(bases: Sequence[int], scores: Sequence[Sequence[float]], cost: Callable[[int, int], float],
-                     drafting: float = 0.0) -> tuple[int, list[int]]:
+                     drafting: float = 0.0, floor: float = 0.0) -> tuple[int, list[int]]:
     """(Q, nodes each request keeps) for requests with `bases` base rows and tree nodes whose chances
     of acceptance are `scores` (each request's in the order its tree keeps them, best first). A
     round that keeps any node is charged `drafting` host seconds per request besides its forward
     (drafting and its trees: what a round without them does not do); the round without a node is
-    always a candidate, Q = the largest base."""
+    always a candidate, Q = the largest base. The pick maximises the round's expected tokens per
+    second; where even that best rate is below `floor` (tokens per second: what the round's seconds
+    earn elsewhere, as a joining request's prefill holds up the batch's decoding), a node must earn
+    `floor` instead: the pick maximises expected tokens minus `floor` times the seconds."""
     n = len(bases)
     gains = [list(accumulate(s, initial=0.0)) for s in scores]    # gains[b][k]: its k best nodes
     low = max(bases)
     high = max(b + len(s) for b, s in zip(bases, scores))
-    best, best_keep, best_rate = low, [0] * n, n / max(cost(n, low), 1e-12)
+    options = [(low, [0] * n, float(n), cost(n, low))]            # (Q, keep, expected tokens, seconds)
     for q in range(low, high + 1):
         keep = [min(len(s), q - b) for b, s in zip(bases, scores)]
-        if not any(keep):
-            continue
-        tokens = sum(1.0 + g[k] for g, k in zip(gains, keep))
-        rate = tokens / max(cost(n, q) + n * drafting, 1e-12)
-        if rate > best_rate * (1 + 1e-12):
-            best, best_keep, best_rate = q, keep, rate
-    return best, best_keep
+        if any(keep):
+            options.append((q, keep, sum(1.0 + g[k] for g, k in zip(gains, keep)), cost(n, q) + n * drafting))
+    rate = lambda option: option[2] / max(option[3], 1e-12)      # noqa: E731
+    best, best_rate = options[0], rate(options[0])
+    for option in options[1:]:              # the smallest Q among equals
+        if rate(option) > best_rate * (1 + 1e-12):
+            best, best_rate = option, rate(option)
+    if best_rate < floor:
+        profit = lambda option: option[2] - floor * option[3]    # noqa: E731
+        best = options[0]
+        for option in options[1:]:
+            if profit(option) > profit(best) + 1e-12 * abs(profit(best)):
+                best = option
+    return best[0], best[1]
