@@ -27,7 +27,7 @@ def write_job(tmp_path: Path, lines: list[str], **sections) -> Path:
     cfg = {
         "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float32", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
-        "generation": {"max_new_tokens": 16},
+        "generation": {"max_new_tokens": 16, "batch_size": 1},   # one request at a time unless a test batches
         "data": {"source": "jsonl", "path": str(data), "limit": None},
         "output": {"dir": str(tmp_path / "out")},
         "distributed": {"backend": "gloo", "timeout_s": 120},

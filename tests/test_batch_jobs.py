@@ -42,7 +42,7 @@ def by_task(recs):
 @pytest.fixture(scope="module")
 def batch_one(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one")
-    config = job(tmp)
+    config = job(tmp, generation={"max_new_tokens": 20, "batch_size": 1})
     run(config)
     return records(tmp / "out"), json.loads((tmp / "out" / "summary.json").read_text()), tmp / "out"
 

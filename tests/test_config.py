@@ -11,8 +11,8 @@ from pathlib import Path
 
 import lp.run
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
-from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_LOOKAHEAD, ConfigError, JobConfig, differences, load_config,
-                       load_config_dict)
+from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_BATCH_SIZE, JOB_LOOKAHEAD, ConfigError, JobConfig, differences,
+                       load_config, load_config_dict)
 from lp.engine import LookaheadParams
 from lp.run import main
 
@@ -308,7 +308,9 @@ def test_differences_ignore_the_keys_that_do_not_change_results():
     assert differences(base, same) == []
     other = load_config_dict({"lookahead": {"window": 7}, "baseline": True, "generation": {"stop": []}})
     changed = differences(base, other)
-    assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop", "baseline.enabled"]
+    # the baseline also takes batch_size's default to 1 (it times one prompt at a time)
+    assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop",
+                                                           "generation.batch_size", "baseline.enabled"]
     chat = load_config_dict({"data": {"instruction": "Fix: {prompt}", "response_prefix": ""}})
     assert [line.split(":", 1)[0] for line in differences(base, chat)] == ["data.instruction", "data.response_prefix"]
     assert "lookahead.window: 0 -> 7" in changed
@@ -341,6 +343,25 @@ def test_missing_sections_and_keys_take_defaults(tmp_path):
     empty.write_text("# nothing\n")
     assert load_config(empty) == JobConfig()
     assert load_config(write(tmp_path, {"model": None})) == JobConfig()
+
+
+@pytest.mark.parametrize("raw,batch", [
+    ({}, JOB_BATCH_SIZE),                                          # a lookahead job: batched
+    ({"baseline": True}, 1),                                       # the in-run baseline times one prompt at a time
+    ({"generation": {"method": "autoregressive"}}, 1),             # so does transformers generate
+    ({"generation": {"max_new_tokens": 8}}, JOB_BATCH_SIZE),       # a generation section without the key
+    ({"generation": {"batch_size": 1}}, 1),
+    ({"generation": {"batch_size": 3}}, 3),
+])
+def test_batch_size_left_out_follows_the_method_and_the_baseline(raw, batch):
+    assert JOB_BATCH_SIZE > 1
+    assert load_config_dict(raw).generation.batch_size == batch
+
+
+def test_the_default_job_is_batched_unless_the_baseline_is_on():
+    assert load_config(DEFAULT_JOB).generation.batch_size == JOB_BATCH_SIZE
+    assert load_config(DEFAULT_JOB, ["baseline=true"]).generation.batch_size == 1
+    assert load_config(DEFAULT_JOB, ["generation.batch_size=1"]).generation.batch_size == 1
 
 
 def test_set_overrides():

@@ -35,7 +35,7 @@ def write_job(tmp_path, max_new_tokens=24, baseline=False, sampling=None):
     config.write_text(yaml.safe_dump({
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 4, "guesses": 4},
-        "generation": {"max_new_tokens": max_new_tokens, **(sampling or {})},
+        "generation": {"max_new_tokens": max_new_tokens, "batch_size": 1, **(sampling or {})},
         "data": {"source": "jsonl", "path": str(data), "limit": None},
         "output": {"dir": str(tmp_path / "out")},
         "baseline": {"enabled": baseline},
@@ -189,7 +189,7 @@ def test_job_cache_is_rebuilt_in_task_order_on_resume(tmp_path):
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 0, "ngram": 3, "guesses": 0, "lookup_candidates": 0, "suffix_factor": 4,
                       "suffix_tokens": 24, "job_cache": True},
-        "generation": {"max_new_tokens": 24},
+        "generation": {"max_new_tokens": 24, "batch_size": 1},     # a prompt drafts from every task before it
         "data": {"source": "jsonl", "path": str(data), "limit": None},
         "output": {"dir": str(tmp_path / "whole")},
     }))

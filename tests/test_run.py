@@ -42,7 +42,7 @@ def job(tmp_path):
     config.write_text(yaml.safe_dump({
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 3, "guesses": 4, "pool_seeding": True},
-        "generation": {"max_new_tokens": 16},
+        "generation": {"max_new_tokens": 16, "batch_size": 1},
         "data": {"source": "jsonl", "path": str(prompts)},
         "output": {"dir": str(tmp_path / "out")},
     }))
@@ -242,7 +242,7 @@ def write_job(tmp_path, lines, **sections):
     cfg = {
         "model": {"name": TINY, "dtype": "float64", "device": "cpu"},
         "lookahead": {"window": 4, "ngram": 3, "guesses": 4},
-        "generation": {"max_new_tokens": 12},
+        "generation": {"max_new_tokens": 12, "batch_size": 1},   # one request at a time
         "data": {"source": "jsonl", "path": str(prompts), "limit": None},
         "output": {"dir": str(tmp_path / "out")},
     }

@@ -7,7 +7,7 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
                  attn_implementation: auto}
     lookahead:  {window: 0, ngram: 4, guesses: 0, lookup_candidates: 0, suffix_factor: 8,
                  suffix_tokens: 32, suffix_min_score: 0.1, job_cache: true, ...}
-    generation: {method: lookahead, max_new_tokens: 256, stop: <see below>}
+    generation: {method: lookahead, max_new_tokens: 256, batch_size: <see below>, stop: <see below>}
     data:       {source: humaneval, offset: 0, limit: 20, chat_template: true,
                  instruction: CODE_INSTRUCTION, response_prefix: "```python"}  # or {source: jsonl|classeval, path: FILE}
     output:     {dir: runs/humaneval-smollm2, evaluate: false, evaluate_timeout_s: 10}
@@ -18,7 +18,10 @@ defaults below, which are the embedded default job configs/humaneval-smollm2.yam
 lp/jobs/code.py) for the code sources humaneval and classeval and false for
 jsonl; `generation.stop` left out means CHAT_CODE_STOP (the closing fence) in
 the chat mode, else CODE_COMPLETION_STOP for the code sources and no stop
-strings for jsonl; `stop: []` always means none.
+strings for jsonl; `stop: []` always means none. `generation.batch_size` left
+out means JOB_BATCH_SIZE requests per forward for a lookahead job without the
+in-run baseline, else 1 (autoregressive decoding and the baseline take one
+prompt at a time).
 
 `lookahead` and `generation` are the engine's own parameter classes
 (lp.engine.LookaheadParams / GenerationParams). A job's `lookahead` defaults
@@ -64,6 +67,10 @@ METHODS = ("lookahead", "autoregressive")
 # the default stop strings of code-completion (HumanEval) jobs: the completion ends where the next
 # top-level definition, script code, print or comment would begin
 CODE_COMPLETION_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+# a lookahead job's requests per forward when it leaves generation.batch_size out: the measured best for the
+# embedded job on the 2-core CPU, 2x the tokens/s of the best batched transformers generate with each request's
+# latency p50 under 2x batch 1's (scripts/bench_batch.py; docs/benchmarks.md, "The shipped batch size")
+JOB_BATCH_SIZE = 5
 # a job's lookahead keys left out: the embedded job's settings, the fastest measured on the 2-core CPU
 # (scripts/bench_core.py, docs/benchmarks.md "Token trees"): no Jacobi window, whose rows cost more than they
 # return there, and one token tree per round of suffix drafts (up to 32 nodes, 8 x the match length,
@@ -209,7 +216,8 @@ class JobConfig:
     model: ModelSection = field(default_factory=ModelSection)
     lookahead: LookaheadParams = field(default_factory=lambda: LookaheadParams(**JOB_LOOKAHEAD))
     # the default data source is humaneval in the chat mode, whose default stop string is the closing fence
-    generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CHAT_CODE_STOP))
+    generation: GenerationParams = field(default_factory=lambda: GenerationParams(stop=CHAT_CODE_STOP,
+                                                                               batch_size=JOB_BATCH_SIZE))
     data: DataSection = field(default_factory=DataSection)
     output: OutputSection = field(default_factory=OutputSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
@@ -302,6 +310,8 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         sections["data"].chat_template = sections["data"].source in CODE_SOURCES
     if not (isinstance(generation, dict) and "stop" in generation):
         sections["generation"].stop = default_stop(sections["data"])
+    if not (isinstance(generation, dict) and "batch_size" in generation):
+        sections["generation"].batch_size = default_batch_size(sections["generation"], sections["baseline"])
     problems += _cross_section_problems(sections)
     if problems:
         raise ConfigError(problems, source)
@@ -314,6 +324,12 @@ def default_stop(data: DataSection) -> tuple[str, ...]:
     if data.chat_template:
         return CHAT_CODE_STOP
     return CODE_COMPLETION_STOP if data.source in CODE_SOURCES else ()
+
+
+def default_batch_size(generation: GenerationParams, baseline: BaselineSection) -> int:
+    """`generation.batch_size` when the job leaves it out: JOB_BATCH_SIZE for lookahead without the in-run
+    baseline, else 1 (both of those decode one prompt at a time)."""
+    return JOB_BATCH_SIZE if generation.method == "lookahead" and not baseline.enabled else 1
 
 
 def _cross_section_problems(sections: dict[str, Any]) -> list[str]:
