@@ -16,7 +16,7 @@ equals, so adding rows is only done when the drafts' expected gain pays for them
 prefill runs alone while the batch waits, and its own rate (a prompt's rows for a token or two) would
 make any node look cheap: the leader gives it a floor, a full batch's plain decoding rate, that each
 node must earn instead (on the embedded job at B = 4 the prefill trees of 15 to 24 nodes had added
-about one token per prompt for 20 to 35 ms of rows each). A round that keeps
+0.65 tokens per prompt on average for 20 to 35 ms of rows each). A round that keeps
 nodes is also charged the host seconds of drafting (`drafting` per request: measured once at start-up
 with the grid, lp.measure.cost_model.draft_time), which a round without drafts never spends; the round
 without any node is always a candidate, so by the estimate a round is never slower than the same round
