@@ -245,7 +245,8 @@ class Rounds:
     def run(self, states: list[RequestState], stats: BatchStats) -> None:
         comm, cache, n, width = self.comm, self.cache, len(states), self.width
         round_start, collectives, bytes_moved = time.perf_counter(), comm.collectives, comm.bytes_moved
-        trees = self.share_trees(self.propose(states) if comm.rank == 0 else None, n)
+        prefill = n == 1 and states[0].result.forwards == 0      # a joining request's first round, alone
+        trees = self.share_trees(self.propose(states, prefill) if comm.rank == 0 else None, n)
         plans = []
         for state, tree in zip(states, trees):
             mine = shard_plan(comm.world, state.columns, len(state.levels), tree.units(), len(state.ordinary))
@@ -299,11 +300,11 @@ class Rounds:
         stats.rounds += 1
         stats.occupancy += n
         stats.rows += n * shape.q
-        if n == 1 and states[0].result.forwards == 1:
+        if prefill:
             stats.prefills += 1
             stats.prefill_rows += shape.q
 
-    def propose(self, states: list[RequestState]) -> list[TokenTree]:
+    def propose(self, states: list[RequestState], prefill: bool = False) -> list[TokenTree]:
         """The leader's trees for the round: each request's candidates, cut by the row budget when
         there is one (the rows of one worker: base rows, then the best nodes)."""
         if self.row_cost is None:
@@ -314,8 +315,7 @@ class Rounds:
         chances = [ranked_chances(b, self.acceptance, self.tree_budget) for b in builders]
         # a joining request's prefill holds up the batch: its nodes must earn what a full batch's plain
         # decoding round earns in the same seconds
-        joining = len(states) == 1 and states[0].result.forwards == 0 and self.batch_size > 1
-        floor = self.batch_size / self.row_cost(self.batch_size, 1) if joining else 0.0
+        floor = self.batch_size / self.row_cost(self.batch_size, 1) if prefill and self.batch_size > 1 else 0.0
         _, keep = rows_per_request([s.base_rows() for s in states], chances, self.row_cost, self.draft_cost, floor)
         if any(chances):                         # there were nodes to weigh
             self.backoff.kept(any(keep))
