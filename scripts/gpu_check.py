@@ -21,12 +21,13 @@ order (Plan.stages):
   gives each system's slots), after an untimed pass that compiles every shape; its compile seconds
   per layer budget the later compiled stages;
 - eager/<model>: in this process, the model loaded as a job loads it, the forward-time curve, plain
-  `generate` and lookahead in a process group of one (NCCL; gloo on the CPU), each warmed up by one
+  `generate` and lookahead in a process group of one (NCCL; gloo on the CPU; one all-gather checks
+  it, and the rounds of a group of one exchange nothing), each warmed up by one
   untimed decode of the first prompt and timed on the others, rounds timed with device marks (CUDA
   events: spans, which include the device's idle gaps) and host syncs counted;
 - job/<model>, job-batched/<model>: `python3 -m torch.distributed.run --standalone --nproc-per-node 1
-  -m lp.run` (world size 1, NCCL), one prompt at a time with the in-run baseline, then every prompt
-  in one batch;
+  -m lp.run` (world size 1, NCCL; no collectives in its rounds), one prompt at a time with the
+  in-run baseline, then every prompt in one batch;
 - exact/<model>: in float32 with TF32 off, lookahead's ids against `generate`'s, and for each
   difference the first differing position and the reference's top-2 logit margin there;
 - profile/<model>: torch.profiler over a few rounds: kernels and summed kernel time per round next
@@ -560,14 +561,21 @@ def run_static_generate(loaded, prompts: list[list[int]], new_tokens: int, cache
 
 def world_of_one(backend: str, device: str):
     """A real process group of one rank, set up the way lp.run sets it up under torchrun
-    (lp.parallel.dist.init_distributed), so the engine runs its two collectives per round."""
-    from lp.parallel.dist import init_distributed
+    (lp.parallel.dist.init_distributed). A group of one exchanges nothing in its rounds, so one
+    all-gather of the LP payload's kind (int64, on the device) checks the backend's collective here."""
+    from lp.parallel.dist import _all_gather_single, init_distributed
 
     saved = {k: os.environ.get(k) for k in DIST_ENV}
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     try:
-        return init_distributed(backend, 120.0, device)
+        comm = init_distributed(backend, 120.0, device)
+        payload = torch.arange(8, dtype=torch.long, device=comm.device)
+        out = torch.empty_like(payload)
+        _all_gather_single()(out, payload, group=comm.group)
+        if not torch.equal(out, payload):
+            raise RuntimeError(f"an all-gather on the {comm.backend} group of one returned {out.tolist()}")
+        return comm
     finally:
         for k, v in saved.items():
             if v is None:
@@ -653,8 +661,8 @@ def compiled_worker(spec_path: str) -> None:
     loaded = load_model(spec["model_dir"], dtype=spec["dtype"], device=spec["device"])
     figures = {"load_seconds": time.perf_counter() - t, "compile_mode": spec["compile"], "systems": {}}
     comm = group_or_none(spec["backend"], spec["device"], figures)
-    # lookahead as the job runs it (a world of one: its two collectives per round); the greedy
-    # loop, a baseline like generate, without collectives
+    # lookahead as the job runs it (a world of one, which exchanges nothing in its rounds); the greedy
+    # loop, a baseline like generate, without a process group
     systems = [("lookahead compiled", spec["lookahead"], comm), ("greedy loop compiled", GREEDY_LOOP, None)]
     prompts, new = spec["prompts"], spec["new_tokens"]
 

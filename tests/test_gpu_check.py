@@ -78,7 +78,7 @@ def test_compiled_stage(report):
     systems = stage["systems"]
     look, loop = systems["lookahead compiled"], systems["greedy loop compiled"]
     static = systems["transformers static generate compiled"]
-    assert look["lookahead"] == report["compiled_lookahead"] and look["collectives_per_round"] == 2
+    assert look["lookahead"] == report["compiled_lookahead"] and look["collectives_per_round"] == 0
     assert loop["lookahead"]["window"] == 0 and loop["lookahead"]["guesses"] == 0 and loop["collectives_per_round"] == 0
     # one cache length for all three, as compiled_cache_slots says
     assert look["cache_slots"] == loop["cache_slots"] == static["max_cache_len"] == 256
@@ -146,7 +146,7 @@ def test_eager_stage(report):
         assert gen["tokens"] == look["tokens"] == (k - 1) * new and gen["forwards"] == (k - 1) * new
         assert len(gen["token_ids"]) == len(look["token_ids"]) == k          # ids: the warm-up's too
         assert stage["warm_up"]["prompts"] == 1 and stage["warm_up"]["generate_ms_per_forward"] > 0
-        assert look["world_size"] == 1 and look["backend"] == "gloo" and look["collectives_per_round"] == 2
+        assert look["world_size"] == 1 and look["backend"] == "gloo" and look["collectives_per_round"] == 0
         assert 0 < look["forward_device_ms"] <= look["device_ms_per_round"] and look["wall_ms_per_round"] > 0
         assert gen["device_ms_per_forward"] > 0 and look["rounds"] <= look["tokens"]
         assert gen["host_syncs"] is None and look["host_syncs_per_round"] is None   # CPU: not applicable
@@ -204,7 +204,7 @@ def test_torchrun_jobs(report):
         assert job["returncode"] == 0
         assert "-m torch.distributed.run --standalone --nproc-per-node 1 -m lp.run --config" in job["command"]
         s = job["summary"]
-        assert (s["world_size"], s["backend"], s["collectives_per_round"]) == (1, "gloo", 2)
+        assert (s["world_size"], s["backend"], s["collectives_per_round"]) == (1, "gloo", 0)
         assert s["prompts"] == prompts and s["errors"] == 0 and s["new_tokens"] == prompts * w["new_tokens"]
         assert s["baseline_prompts"] == prompts and s["finish_reasons"] == {"length": prompts}
         assert job["config"]["model"]["compile"] == compile_mode and job["config"]["baseline"]["enabled"]

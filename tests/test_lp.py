@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from lp.decode.stopping import StopChecker
-from lp.engine import GenerationParams, lookahead_generate
+from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import TinyTokenizer, tiny_random_llama
 from lp_worker import corpus, params
 from test_exactness import SPAN_PROMPTS, fresh_eos
@@ -201,6 +201,36 @@ def test_world_sizes_match_single_worker(nproc, cases_and_reference, tmp_path):
     if nproc > 1:
         assert split > 100
     assert any(max(ref.emitted_per_round) > case["n"] for case, ref in zip(cases, reference) if "lookup" in case)
+
+
+def test_a_group_of_one_exchanges_nothing(monkeypatch):
+    """torchrun with one worker (or a dp group of lp_size 1) has a real process group, but nothing to
+    exchange: no collective is issued or counted, and the tokens and per-round counts are one
+    worker's without a group."""
+    from lp.parallel.dist import init_distributed, shutdown
+    from multiproc import free_port
+
+    model, prompt = tiny_random_llama(**MODEL, dtype="float64").model, PROMPTS[0]
+    lookahead = LookaheadParams(5, 5, 15, lookup_candidates=2, lookup_tokens=8, suffix_factor=4)
+    alone = lookahead_generate(model, prompt, lookahead, GenerationParams(NEW))
+    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                           LOCAL_RANK="0").items():
+        monkeypatch.setenv(key, value)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a group of one issued a collective")
+
+    comm = init_distributed("gloo", 30, "cpu")
+    try:
+        assert comm.group is not None and comm.world == 1 and comm.alone
+        monkeypatch.setattr(dist, "broadcast", refused)
+        for name in ("all_gather_single", "all_gather_into_tensor"):
+            monkeypatch.setattr(dist, name, refused, raising=False)
+        got = lookahead_generate(model, prompt, lookahead, GenerationParams(NEW), comm=comm)
+    finally:
+        shutdown()
+    assert (got.token_ids, got.emitted_per_round) == (alone.token_ids, alone.emitted_per_round)
+    assert got.forwards > 1 and got.collectives == got.bytes_moved == comm.collectives == 0
 
 
 def test_collectives_per_round(cases_and_reference, tmp_path):

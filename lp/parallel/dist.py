@@ -1,9 +1,12 @@
 """Process group setup and the LP collectives (DESIGN.md section 5).
 
-`Comm` is the only thing the decode loop knows about other workers. Without a
-process group (plain `python -m lp.run`) it does no communication at all;
-under torchrun (even with one worker: NCCL is exercised the same) it runs
-exactly two tensor collectives per round:
+`Comm` is the only thing the decode loop knows about other workers. An LP group
+of one worker (plain `python -m lp.run`, torchrun with one worker, or each group
+of `lp_size: 1`) does no communication at all in its step loop: its collectives
+would hand its own rows back to it, and on a 2-core CPU a gloo group of one
+spent about 0.29 ms a round on them (0.17 ms for the broadcast, 0.12 ms for the
+gather), as much as the rest of a round's host work. A group of two or more
+runs exactly two tensor collectives per round:
 
 - `share_rows`: rank 0 broadcasts the round's token tree as one fixed-size
   int64 tensor of (token, parent) arrays. It travels over a CPU (gloo) group, so ranks
@@ -58,6 +61,11 @@ class Comm:
     store: object = None        # the c10d store (prompt hand-out), under torchrun
 
     @property
+    def alone(self) -> bool:
+        """This LP group is one worker (with or without a process group): nothing to exchange."""
+        return self.world == 1
+
+    @property
     def lead(self) -> bool:
         """This rank leads its LP group (claims prompts, writes its results)."""
         return self.rank == 0
@@ -67,7 +75,7 @@ class Comm:
         and parents of a round's requests) on every rank: one broadcast of a fixed-size int64 tensor
         [k counts, row 0 padded to capacity, row 1 ...]. The other ranks pass None; `k` is fixed by
         the caller's protocol (2 per request of the round)."""
-        if self.group is None:      # one worker, no process group: nothing to exchange
+        if self.alone:
             return rows
         buf = torch.full((k + k * capacity,), -1, dtype=torch.long)
         if self.rank == 0:
@@ -83,7 +91,7 @@ class Comm:
 
     def all_gather(self, payload: torch.Tensor) -> torch.Tensor:
         """[world, L] stack of every rank's [L] payload."""
-        if self.group is None:      # one worker, no process group: nothing to exchange
+        if self.alone:
             return payload[None]
         out = torch.empty(self.world * payload.numel(), dtype=payload.dtype, device=payload.device)
         _all_gather_single()(out, payload, group=self.group)
@@ -93,7 +101,7 @@ class Comm:
     def share_ids(self, ids: list[int] | None) -> list[int] | None:
         """The group leader's token ids (or None, meaning 'no more work') on every rank of the group;
         outside the step loop."""
-        if self.group is None:      # one worker, no process group: nothing to exchange
+        if self.alone:
             return ids
         size = torch.tensor([-1 if ids is None else len(ids)], dtype=torch.long)
         dist.broadcast(size, self.src, group=self.cpu_group)
