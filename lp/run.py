@@ -87,7 +87,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
             watchdog.fail(_one_line(e))
         _exit_for(e, comm)
     finally:
-        shutdown()
+        shutdown(comm)
     if summary is not None:
         click.echo(report(summary, cfg))
 

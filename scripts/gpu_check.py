@@ -696,7 +696,7 @@ def compiled_worker(spec_path: str) -> None:
         figures["systems"]["transformers static generate compiled"] = static
         save()
     finally:
-        shutdown()
+        shutdown(comm)
 
 
 def dynamo_counters() -> dict:
@@ -1122,7 +1122,7 @@ class Stages:
             if self.comm is not None:
                 from lp.parallel.dist import shutdown
 
-                shutdown()
+                shutdown(self.comm)
 
     def estimate(self, kind: str, model: str, ranks: int = 1) -> tuple[float, str]:
         """The seconds stage (kind, model[, ranks]) should take, and how that was made: from what the

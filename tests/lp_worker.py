@@ -135,7 +135,7 @@ def main(spec_path, out_dir):
                             collectives=r.collectives, bytes=r.bytes_moved, rows=r.rows_per_round,
                             max_rows=r.max_rows_per_round, plans=list(plans)))
     Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(dict(world=comm.world, results=results)))
-    shutdown()
+    shutdown(comm)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def test_a_group_of_one_exchanges_nothing(monkeypatch):
             monkeypatch.setattr(dist, name, refused, raising=False)
         got = lookahead_generate(model, prompt, lookahead, GenerationParams(NEW), comm=comm)
     finally:
-        shutdown()
+        shutdown(comm)
     assert (got.token_ids, got.emitted_per_round) == (alone.token_ids, alone.emitted_per_round)
     assert got.forwards > 1 and got.collectives == got.bytes_moved == comm.collectives == 0
 

@@ -67,7 +67,7 @@ comm = init_distributed("auto", 60, "cpu")
 gathered = comm.all_gather(torch.tensor([comm.rank], dtype=torch.long)).tolist()
 print(json.dumps({"rank": comm.rank, "world": comm.world, "backend": comm.backend, "device": str(comm.device),
                   "gathered": gathered}), flush=True)
-shutdown()
+shutdown(comm)
 """
 
 

