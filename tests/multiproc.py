@@ -48,7 +48,8 @@ def start_python(args: list[str], world: int = 2, **env) -> list[subprocess.Pope
     the job's c10d store lives in this (the launching) process, like torchrun's agent store, and every
     rank is only its client. (When rank 0 hosted it, its exit right after a startup refusal, with rank
     1 leaving at the same moment, once aborted in CI: 'terminate called without an active exception'
-    from the store's teardown.) Each process keeps a reference to the store (`proc.store`), so it
+    from the store's teardown. A process group freed at interpreter exit aborts the same way:
+    lp.parallel.dist.shutdown(comm) drops the Comm's groups first.) Each process keeps a reference to the store (`proc.store`), so it
     lives as long as they are waited on. `env`: more environment variables for every rank."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)     # port 0: any free port
     procs = []
