@@ -325,6 +325,8 @@ class Rounds:
 
     def share_trees(self, trees: list[TokenTree] | None, n: int) -> list[TokenTree]:
         """The leader's trees for the round's `n` requests on every rank of the group (one broadcast)."""
+        if self.comm.alone:             # the leader's own trees: nothing to flatten or send
+            return trees
         rows = None if trees is None else [row for tree in trees for row in (tree.tokens, tree.parents)]
         shared = self.comm.share_rows(rows, self.capacity, 2 * n)
         return trees if trees is not None else [TokenTree.from_parents(shared[2 * i], shared[2 * i + 1])
