@@ -67,6 +67,8 @@ BAD = [
     ("backend", {"distributed": {"backend": "mpi"}}, [], "distributed.backend:"),
     ("timeout-zero", {"distributed": {"timeout_s": 0}}, [], "distributed.timeout_s:"),
     ("timeout-string", {"distributed": {"timeout_s": "5m"}}, [], "distributed.timeout_s:"),
+    ("timeout-inf", {}, ["distributed.timeout_s=.inf"], "distributed.timeout_s:"),
+    ("timeout-nan", {"distributed": {"timeout_s": float("nan")}}, [], "distributed.timeout_s:"),
     ("set-bad-range", {}, ["lookahead.window=-3"], "lookahead.window:"),
     ("set-bad-type", {}, ["lookahead.pool_seeding=maybe"], "lookahead.pool_seeding:"),
     ("set-unknown-key", {}, ["generation.beam_size=4"], "generation.beam_size:"),
@@ -90,6 +92,7 @@ BAD = [
      "output.evaluate:"),
     ("evaluate-timeout-zero", {"output": {"evaluate_timeout_s": 0}}, [], "output.evaluate_timeout_s:"),
     ("evaluate-timeout-string", {"output": {"evaluate_timeout_s": "10s"}}, [], "output.evaluate_timeout_s:"),
+    ("evaluate-timeout-inf", {"output": {"evaluate_timeout_s": float("inf")}}, [], "output.evaluate_timeout_s:"),
     ("baseline-string", {"baseline": "yes"}, [], "baseline:"),
     ("baseline-number", {"baseline": 1}, [], "baseline:"),
     ("baseline-unknown-key", {"baseline": {"enable": True}}, [], "baseline.enable:"),
@@ -99,6 +102,9 @@ BAD = [
     ("set-other-shorthand", {}, ["lookahead=7"], "--set 'lookahead=7'"),
     ("temperature-negative", {"generation": {"temperature": -0.5}}, [], "generation.temperature:"),
     ("temperature-string", {"generation": {"temperature": "hot"}}, [], "generation.temperature:"),
+    ("temperature-nan", {"generation": {"temperature": float("nan")}}, [], "generation.temperature:"),
+    ("temperature-inf", {}, ["generation.temperature=.inf"], "generation.temperature:"),
+    ("suffix-factor-inf", {"lookahead": {"suffix_factor": float("inf")}}, [], "lookahead.suffix_factor:"),
     ("top-k-negative", {"generation": {"top_k": -1}}, [], "generation.top_k:"),
     ("top-p-zero", {"generation": {"top_p": 0}}, [], "generation.top_p:"),
     ("top-p-above-one", {"generation": {"top_p": 1.5}}, [], "generation.top_p:"),
@@ -176,6 +182,14 @@ def test_unreadable_config_exits_2(tmp_path, text, needle):
     result = invoke("--config", path)
     assert result.exit_code == 2
     assert needle in result.stderr and "Traceback" not in result.output
+
+
+def test_config_that_is_not_utf8_exits_2(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"model: {name: caf\xe9}\n")  # Latin-1, as an editor on another machine might save it
+    result = invoke("--config", path)
+    assert result.exit_code == 2
+    assert "not UTF-8" in result.stderr and "job.yaml" in result.stderr and "Traceback" not in result.output
 
 
 def test_missing_config_file_exits_2(tmp_path):

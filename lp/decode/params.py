@@ -1,6 +1,7 @@
 """The engine's parameters: config sections `lookahead` and `generation`."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -67,8 +68,9 @@ class LookaheadParams:
             if getattr(self, key) < low:
                 out.append(f"lookahead.{key}: {getattr(self, key)!r} must be >= {low}"
                            + (" (0: no cut)" if key == "tree_budget" else ""))
-        if self.suffix_factor < 0:
-            out.append(f"lookahead.suffix_factor: {self.suffix_factor!r} must be >= 0 (0: no suffix drafts)")
+        if not (math.isfinite(self.suffix_factor) and self.suffix_factor >= 0):
+            out.append(f"lookahead.suffix_factor: {self.suffix_factor!r} must be a finite number >= 0 "
+                       f"(0: no suffix drafts)")
         if not 0 <= self.suffix_min_score <= 1:
             out.append(f"lookahead.suffix_min_score: {self.suffix_min_score!r} must be in [0, 1]")
         if self.ngram < 3:
@@ -104,8 +106,8 @@ class GenerationParams:
             out.append(f"generation.max_new_tokens: {self.max_new_tokens!r} must be >= 1")
         if self.method not in ("lookahead", "autoregressive"):
             out.append(f"generation.method: {self.method!r} must be one of lookahead, autoregressive")
-        if self.temperature < 0:
-            out.append(f"generation.temperature: {self.temperature!r} must be >= 0 (0 is greedy)")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            out.append(f"generation.temperature: {self.temperature!r} must be a finite number >= 0 (0 is greedy)")
         if self.top_k < 0:
             out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
         if not 0 < self.top_p <= 1:

@@ -45,6 +45,7 @@ problems() registered in SECTIONS.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -180,8 +181,9 @@ class OutputSection:
 
     def problems(self) -> list[str]:
         out = [] if self.dir.strip() else [f"output.dir: {self.dir!r} must be a non-empty path"]
-        if not self.evaluate_timeout_s > 0:
-            out.append(f"output.evaluate_timeout_s: {self.evaluate_timeout_s!r} must be > 0 (seconds)")
+        if not (math.isfinite(self.evaluate_timeout_s) and self.evaluate_timeout_s > 0):
+            out.append(f"output.evaluate_timeout_s: {self.evaluate_timeout_s!r} must be a finite number > 0 "
+                       f"(seconds)")
         return out
 
 
@@ -195,8 +197,8 @@ class DistributedSection:
         out = []
         if self.backend not in BACKENDS:
             out.append(f"distributed.backend: {self.backend!r} must be one of {', '.join(BACKENDS)}")
-        if not self.timeout_s > 0:
-            out.append(f"distributed.timeout_s: {self.timeout_s!r} must be > 0 (seconds)")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            out.append(f"distributed.timeout_s: {self.timeout_s!r} must be a finite number > 0 (seconds)")
         if self.lp_size is not None and self.lp_size < 1:
             out.append(f"distributed.lp_size: {self.lp_size!r} must be >= 1 or null (the world size)")
         return out
@@ -268,6 +270,8 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError([f"config file not found: {path}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})"]) from None
     except OSError as e:
         raise ConfigError([f"cannot read config file {path}: {e.strerror or e}"]) from None
     try:
