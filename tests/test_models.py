@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import socket
+
 import huggingface_hub.constants
 import pytest
 import torch
@@ -162,16 +164,46 @@ def test_bad_names(name, words):
     assert all(w in str(e.value) for w in words)
 
 
-def test_unknown_hub_id_says_what_was_tried(monkeypatch):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+def _no_network(monkeypatch) -> list:
+    """Record (and refuse) every name lookup: a load that would reach a hub shows up here."""
+    lookups = []
+
+    def refuse(host, *args, **kwargs):
+        lookups.append(host)
+        raise OSError(f"lp tests: no network ({host})")
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # lp must not rely on it
+    return lookups
+
+
+def test_unknown_hub_id_says_what_was_tried_and_downloads_nothing(monkeypatch):
+    lookups = _no_network(monkeypatch)
     with pytest.raises(ModelLoadError) as e:
         load_model("nobody/no-such-model-lp-test", device="cpu")
     msg = str(e.value)
-    assert "nobody/no-such-model-lp-test" in msg and "\n" not in msg
-    assert all(w in msg for w in ["smollm2-135m", "local directory", "local cache", "HF_HUB_OFFLINE"])
+    assert lookups == []
+    assert "nobody/no-such-model-lp-test" in msg and "\n" not in msg and len(msg) < 500
+    assert all(w in msg for w in ["smollm2-135m", "local directory", "local cache", "not in the cache",
+                                  "downloads nothing"])
 
 
-def test_local_directory(tmp_path):
+def test_hub_id_in_the_cache_that_does_not_load_says_so(tmp_path, monkeypatch):
+    lookups = _no_network(monkeypatch)
+    snapshot = tmp_path / "models--someone--half-model" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "models--someone--half-model" / "refs").mkdir()
+    (tmp_path / "models--someone--half-model" / "refs" / "main").write_text("0" * 40)
+    tiny_random_llama(vocab=32).model.config.save_pretrained(snapshot)  # a config, no tokenizer, no weights
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelLoadError) as e:
+        load_model("someone/half-model", device="cpu")
+    assert lookups == []
+    assert "someone/half-model" in str(e.value) and "in the cache but does not load" in str(e.value)
+
+
+def test_local_directory(tmp_path, monkeypatch):
+    lookups = _no_network(monkeypatch)
     tiny = tiny_random_llama(vocab=32, eos=5)
     tiny.model.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError) as e:  # no tokenizer files yet
@@ -185,6 +217,7 @@ def test_local_directory(tmp_path):
     assert m.model.dtype == torch.float16 and m.model.config._attn_implementation == "sdpa" and not m.model.training
     ref = tiny.model.state_dict()
     assert all(torch.equal(v, ref[k].half()) for k, v in m.model.state_dict().items())
+    assert lookups == []
 
 
 def test_missing_smollm2_package(monkeypatch):
