@@ -89,11 +89,13 @@ def test_jsonl_empty_file(tmp_path):
 MALFORMED = [
     ("{not json", "not valid JSON", "<line 3>"),
     ('["a", "b"]', "expected a JSON object", "<line 3>"),
-    ('{"prompt": "x"}', "task_id None", "<line 3>"),
+    ('{"prompt": "x"}', "no task_id field", "<line 3>"),
+    ('{"task_id": null, "prompt": "x"}', "task_id None", "<line 3>"),
     ('{"task_id": "", "prompt": "x"}', "task_id ''", "<line 3>"),
     ('{"task_id": true, "prompt": "x"}', "task_id True", "<line 3>"),
     ('{"task_id": "<line 9>", "prompt": "x"}', "reserved", "<line 3>"),
-    ('{"task_id": "b"}', "prompt None", "b"),
+    ('{"task_id": "b"}', "no prompt field", "b"),
+    ('{"task_id": "b", "prompt": null}', "prompt None", "b"),
     ('{"task_id": "b", "prompt": ""}', "prompt is empty", "b"),
     ('{"task_id": "b", "prompt": 5}', "prompt 5", "b"),
     ('{"task_id": "a", "prompt": "again"}', "task_id 'a' appears twice (first on line 1)", "<line 3>"),
@@ -119,10 +121,15 @@ def test_jsonl_every_line_gets_a_distinct_task_id(tmp_path):
     assert ids == ["<line 1>", "<line 2>", "a", "<line 4>"]
 
 
-def test_jsonl_undecodable_bytes_do_not_stop_the_job(tmp_path):
+def test_jsonl_undecodable_bytes_are_that_lines_error(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_bytes(b'{"task_id": "a", "prompt": "x"}\n\xff\xfe{\n{"task_id": "b", "prompt": "y"}\n')
-    assert [(p.task_id, p.error is None) for p in jsonl(path)] == [("a", True), ("<line 2>", False), ("b", True)]
+    path.write_bytes(b'{"task_id": "a", "prompt": "x"}\n\xff\xfe{\n{"task_id": "b", "prompt": "y"}\n'
+                     b'{"task_id": "c", "prompt": "caf\xe9"}\n')  # Latin-1 inside valid JSON: not decoded lossily
+    prompts = jsonl(path)
+    assert [(p.task_id, p.error is None) for p in prompts] == [("a", True), ("<line 2>", False), ("b", True),
+                                                                ("<line 4>", False)]
+    column = b'{"task_id": "c", "prompt": "caf\xe9'.index(b"\xe9") + 1  # counted from 1, as editors do
+    assert prompts[3].error.startswith(f"p.jsonl:4: not UTF-8 text (byte {column} of the line")
 
 
 def test_shipped_example_prompts(monkeypatch):

@@ -271,7 +271,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     except FileNotFoundError:
         raise ConfigError([f"config file not found: {path}"]) from None
     except UnicodeDecodeError as e:
-        raise ConfigError([f"config file {path} is not UTF-8 text (byte {e.start}: {e.reason})"]) from None
+        raise ConfigError([f"config file {path} is not UTF-8 text (byte {e.start + 1}: {e.reason})"]) from None
     except OSError as e:
         raise ConfigError([f"cannot read config file {path}: {e.strerror or e}"]) from None
     try:

@@ -104,7 +104,7 @@ def read_classeval(path: Path) -> dict[str, dict]:
 
 def _read_jsonl(path: Path) -> list[Prompt]:
     try:
-        fh = path.open(encoding="utf-8", errors="replace")
+        fh = path.open("rb")  # decoded line by line: a line that is not UTF-8 is that line's error
     except FileNotFoundError:
         raise DataError(f"prompt file not found: {path}") from None
     except OSError as e:
@@ -112,25 +112,31 @@ def _read_jsonl(path: Path) -> list[Prompt]:
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}  # task id -> first line
     with fh:
-        for lineno, line in enumerate(fh, start=1):
-            if line.strip():
-                prompts.append(_parse_line(line, lineno, path, seen))
+        for lineno, raw in enumerate(fh, start=1):
+            if raw.strip():
+                prompts.append(_parse_line(raw, lineno, path, seen))
     return prompts
 
 
-def _parse_line(line: str, lineno: int, path: Path, seen: dict[str, int]) -> Prompt:
+def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Prompt:
     where, fallback_id = f"{path.name}:{lineno}", f"<line {lineno}>"
 
     def bad(what: str, task_id: str = fallback_id) -> Prompt:
         return Prompt(task_id, "", error=f"{where}: {what}", line=lineno)
 
     try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return bad(f"not UTF-8 text (byte {e.start + 1} of the line: {e.reason})")
+    try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         return bad(f"not valid JSON ({e.msg})")
     if not isinstance(obj, dict):
         return bad("expected a JSON object with task_id and prompt")
-    task_id, prompt = obj.get("task_id"), obj.get("prompt")
+    if "task_id" not in obj:
+        return bad('no task_id field (a line is {"task_id": ..., "prompt": ...})')
+    task_id, prompt = obj["task_id"], obj.get("prompt")
     if isinstance(task_id, int) and not isinstance(task_id, bool):
         task_id = str(task_id)
     if not isinstance(task_id, str) or not task_id:
@@ -140,6 +146,8 @@ def _parse_line(line: str, lineno: int, path: Path, seen: dict[str, int]) -> Pro
     if task_id in seen:
         return bad(f"task_id {task_id!r} appears twice (first on line {seen[task_id]})")
     seen[task_id] = lineno
+    if "prompt" not in obj:
+        return bad('no prompt field (a line is {"task_id": ..., "prompt": ...})', task_id)
     if not isinstance(prompt, str):
         return bad(f"prompt {_short(prompt)} is not a string", task_id)
     if not prompt:
