@@ -3,12 +3,16 @@
 The command line only: parse the flags, load and check the config (exit 2 on
 any problem), set up the process group, run the job (lp/jobs/runner.py) and
 turn every failure into one `error:` line with its exit status (1 for a job
-that cannot run, 2 for a config or resume refusal, 130 when interrupted).
+that cannot run or whose every prompt is an error record, 2 for a config or resume refusal, 130 when interrupted by
+Ctrl-C, 143 when stopped by SIGTERM: `docker stop`, Slurm's `scancel`, a
+torchrun agent stopping its workers; both keep what was written, as a resume
+expects).
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -24,6 +28,16 @@ from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
 from lp.parallel.dist import Comm, init_distributed, shutdown
 from lp.parallel.watch import PeerFailed, Watchdog
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so the job unwinds as on Ctrl-C (records flushed,
+    the output directory's lock released, the process group shut down). A BaseException, so that no
+    `except Exception` turns it into a prompt's error record."""
+
+
+def _on_sigterm(signum, frame) -> NoReturn:
+    raise Terminated()
 
 
 def _rank_prefix(comm: Comm) -> str:
@@ -52,6 +66,9 @@ def _stderr_is_terminal() -> bool:
 @click.option("--fresh", is_flag=True, help="Discard the results already in the output directory and start over.")
 def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool) -> None:
     """Run a Lookahead Decoding job described by a YAML config (resumes an interrupted one)."""
+    if force and fresh:
+        raise click.UsageError("--force (resume despite a changed config) and --fresh (discard the results) "
+                               "exclude each other: give one")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("lp").setLevel(logging.WARNING if quiet else logging.INFO)
@@ -77,6 +94,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
     except Exception as e:  # noqa: BLE001  (rendezvous, backend or device problems)
         _fail(f"distributed setup failed: {_one_line(e)}", 1)
     summary = None
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         summary = run_job(cfg, comm, force=force, fresh=fresh,
                           progress=comm.job_rank == 0 and not quiet and _stderr_is_terminal())
@@ -90,6 +108,9 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
         shutdown(comm)
     if summary is not None:
         click.echo(report(summary, cfg))
+        if summary["prompts"] and summary["errors"] == summary["prompts"]:   # a job that produced nothing
+            _fail(f"no prompt could be decoded: all {summary['prompts']} are error records (each record's "
+                  f"`error` says why)", 1)
 
 
 def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
@@ -103,6 +124,9 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except KeyboardInterrupt:
         _fail(f"{_rank_prefix(comm)}interrupted; the results written so far are kept: run the same command "
               f"again to resume", 130)
+    except Terminated:
+        _fail(f"{_rank_prefix(comm)}terminated (SIGTERM); the results written so far are kept: run the same "
+              f"command again to resume", 143)
     except (DataError, ModelLoadError, JobError, OSError) as e:
         _fail(f"{_rank_prefix(comm)}{e}", 1)
     except PeerFailed as e:

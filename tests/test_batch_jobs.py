@@ -4,6 +4,7 @@ resumes to one record per task with the uninterrupted run's tokens, LP groups (P
 batches with the same tokens, the summary carries requests and rows per forward, and bad settings fail
 as config errors."""
 import json
+import signal
 
 import pytest
 from click.testing import CliRunner
@@ -76,7 +77,8 @@ def test_killed_batched_job_resumes_to_one_record_per_task(tmp_path):
     whole = tmp_path / "whole"
     run(config, "--set", f"output.dir={whole}")
     out = tmp_path / "out"
-    kept = kill_after(config, 3, out)
+    kept, proc = kill_after(config, 3, out)
+    assert proc.returncode == -signal.SIGKILL
     assert 3 <= len(kept) < len(TEXTS) + 2, "the job finished before it could be killed"
     costs = (out / "cost_curve.json").read_text()        # the row budget's, measured before the kill
     recorded = json.loads(costs)

@@ -175,6 +175,9 @@ def test_mistyped_key_is_reported_once(tmp_path):
     ("model: [unclosed\n", "not valid YAML"),
     ("- just\n- a list\n", "<top level>"),
     ("model: {name: x}\n  bad indent: 1\n", "not valid YAML"),
+    ("generation:\n  max_new_tokens: 8\n  max_new_tokens: 16\n",   # safe_load would keep 16 silently
+     "key 'max_new_tokens' on line 3 was already given on line 2"),
+    ("model: {name: x}\nmodel: {dtype: float64}\n", "key 'model' on line 2 was already given on line 1"),
 ])
 def test_unreadable_config_exits_2(tmp_path, text, needle):
     path = tmp_path / "job.yaml"
@@ -196,6 +199,12 @@ def test_missing_config_file_exits_2(tmp_path):
     result = invoke("--config", tmp_path / "nope.yaml")
     assert result.exit_code == 2
     assert "config file not found" in result.stderr and "nope.yaml" in result.stderr
+
+
+def test_force_and_fresh_together_exit_2(tmp_path, monkeypatch):
+    monkeypatch.setattr(lp.run, "run_job", lambda *a, **k: pytest.fail("the job ran"))
+    result = invoke("--config", write(tmp_path, {}), "--force", "--fresh")
+    assert result.exit_code == 2 and "--force" in result.output and "--fresh" in result.output
 
 
 def test_missing_config_option_exits_2():

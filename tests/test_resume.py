@@ -60,8 +60,9 @@ def comparable(summary):
     return out
 
 
-def kill_after(config, records, out):
-    """Start the job as a real process, SIGKILL it once results.jsonl has `records` lines."""
+def kill_after(config, records, out, sig=signal.SIGKILL):
+    """Start the job as a real process, send it `sig` once results.jsonl has `records` lines; returns
+    the lines it left and the process (ended)."""
     results = out / "results.jsonl"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "lp.run", "--config", str(config), "--quiet"], env=env,
@@ -72,14 +73,13 @@ def kill_after(config, records, out):
             assert proc.poll() is None, proc.communicate()
             assert time.time() < deadline, "the job made no progress"
             time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.send_signal(sig)
+        proc.stdout_text, proc.stderr_text = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    return lines_of(results)
+    return lines_of(results), proc
 
 
 def comparable_record(record):
@@ -97,7 +97,8 @@ def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path, sampling, bas
     assert reference["prompts"] == PROMPTS + 1 and reference["errors"] == 1
 
     out = tmp_path / "out"
-    kept = kill_after(config, 3, out)
+    kept, proc = kill_after(config, 3, out)
+    assert proc.returncode == -signal.SIGKILL
     assert 3 <= len(kept) < PROMPTS + 1, "the job finished before it could be killed"
     assert not (out / "summary.json").exists()
 
@@ -112,6 +113,23 @@ def test_killed_job_resumes_to_the_uninterrupted_summary(tmp_path, sampling, bas
     assert comparable(json.loads((out / "summary.json").read_text())) == comparable(reference)
     assert "13 prompts" in result.stdout
     assert lines_of(out / "samples.jsonl") == lines_of(whole / "samples.jsonl")
+
+
+def test_sigterm_ends_the_job_as_ctrl_c_does(tmp_path):
+    """SIGTERM (docker stop, scancel): exit 143 with one line saying the results are kept, the
+    directory unlocked and nothing written twice, so the same command resumes at once."""
+    config = write_job(tmp_path)
+    out = tmp_path / "out"
+    kept, proc = kill_after(config, 2, out, signal.SIGTERM)
+    assert proc.returncode == 143, (proc.returncode, proc.stderr_text)
+    assert "terminated (SIGTERM)" in proc.stderr_text and "resume" in proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    assert 2 <= len(kept) < PROMPTS + 1, "the job finished before it could be stopped"
+    assert not (out / "summary.json").exists()
+    run(config)                                                       # not refused as still running
+    ids = [json.loads(line)["task_id"] for line in lines_of(out / "results.jsonl")]
+    assert len(ids) == len(set(ids)) == PROMPTS + 1
+    assert lines_of(out / "results.jsonl")[:len(kept)] == kept
 
 
 def test_torn_last_line_is_cut_off(tmp_path):

@@ -281,6 +281,18 @@ def test_bad_inputs_become_error_records_and_the_job_goes_on(tmp_path):
     assert "prompts.jsonl:3" in result.stderr  # logged as it happens
 
 
+def test_a_job_whose_every_prompt_is_an_error_exits_1(tmp_path):
+    """The records and the summary are written as for any job, but the exit status says nothing was
+    decoded (a pipeline must not take it for a finished job)."""
+    config, out = write_job(tmp_path, [{"task_id": "empty", "prompt": ""}, '{"task_id": "broken", "prompt": '])
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert "no prompt could be decoded: all 2 are error records" in result.stderr
+    assert "Traceback" not in result.output
+    assert [r["finish_reason"] for r in read_results(out)] == ["error", "error"]
+    assert json.loads((out / "summary.json").read_text())["errors"] == 2
+
+
 def test_prompt_that_leaves_no_room_for_max_new_tokens_is_an_error(tmp_path):
     config, out = write_job(tmp_path, [{"task_id": "fits", "prompt": "a" * 2040},
                                        {"task_id": "too-long", "prompt": "a" * 2041}],

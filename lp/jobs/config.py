@@ -275,10 +275,25 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     except OSError as e:
         raise ConfigError([f"cannot read config file {path}: {e.strerror or e}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {_one_line(e)}"], source=str(path)) from None
     return load_config_dict(raw, overrides, source=str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} on line {line} was already given on line {seen[key]}")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | None = None) -> JobConfig:
