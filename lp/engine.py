@@ -254,7 +254,7 @@ class Rounds:
         sections, shape = pack_round(plans, [s.cached for s in states], [s.row for s in states], width, self.fit,
                                      self.compiled is not None)
         if self.warp is not None and self.on_device:      # the walk's draws, every request padded alike
-            sections["draws"] = draw_words(plans, [s.draws for s in states], [s.result.forwards for s in states],
+            sections["draws"] = draw_words(plans, [s.draws for s in states], [s.generated for s in states],
                                            shape.nodes)
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
@@ -351,7 +351,7 @@ class Rounds:
             rows = frame[i, d:d + 1 + count]             # z*'s row, then the request's nodes
             sampled = verify_tree_sampling(distribution(rows[0], self.warp), plan.tree,
                                            lambda u: distribution(rows[1 + u - nodes.start], self.warp),
-                                           state.draws, state.result.forwards, owned=lambda u: u in nodes)
+                                           state.draws, state.generated, owned=lambda u: u in nodes)
             path = plan.tree.path(sampled.node) if sampled.hits else []
             on, out = [True] * count, [0] * count
             for depth, u in enumerate(path, 1):
@@ -366,13 +366,13 @@ class Rounds:
         return torch.stack(firsts), torch.stack(off), torch.stack(emits)
 
 
-def draw_words(plans: Sequence[RoundPlan], draws: Sequence[Draws], rounds: Sequence[int],
+def draw_words(plans: Sequence[RoundPlan], draws: Sequence[Draws], starts: Sequence[int],
                nodes: int) -> list[int]:
     """The device walk's draws for every request of the round: each row's (the root, then this
-    rank's nodes, then PAD rows up to `nodes`) at its depth (the root and PAD rows: 0), as
-    Draws.words writes them."""
+    rank's nodes, then PAD rows up to `nodes`) at its position, the request's `start` (new tokens
+    so far) plus its depth (the root and PAD rows: 0), as Draws.words writes them."""
     out: list[int] = []
-    for plan, draw, round_ in zip(plans, draws, rounds):
+    for plan, draw, start in zip(plans, draws, starts):
         depths = plan.tree.depths
-        out += draw.words(round_, [0, *(depths[u] for u in plan.nodes), *[0] * (nodes - len(plan.nodes))])
+        out += draw.words(start, [0, *(depths[u] for u in plan.nodes), *[0] * (nodes - len(plan.nodes))])
     return out

@@ -24,8 +24,8 @@ SAME = ("task_id", "token_ids", "completion", "finish_reason", "new_tokens", "fo
 
 
 def sampled_job(tmp_path, tasks=TASKS, **sections):
-    """No job cache: with one, a task's candidates, and so which draws accept, also depend on the
-    completions of the tasks before it (docs/how-it-works.md, "Sampling")."""
+    """No job cache: with one, a task's candidates, and so its rounds (forwards, emitted_per_round,
+    compared here), also depend on the completions of the tasks before it; its tokens do not."""
     return write_job(tmp_path, prompt_lines(tasks), model={"dtype": "float64"}, generation=SAMPLING,
                      lookahead={"job_cache": False}, baseline={"enabled": True}, distributed={"timeout_s": 60},
                      **sections)
@@ -94,6 +94,17 @@ def test_a_tasks_draws_do_not_depend_on_its_position(one_worker, tmp_path):
     by_task = {r["task_id"]: same(r) for r in again}
     assert "new/0" not in by_task
     assert [by_task[r["task_id"]] for r in got] == [same(r) for r in got]
+
+
+def test_sampled_tokens_do_not_depend_on_the_batch_or_the_job_cache(one_worker, tmp_path):
+    """Batches of 3 with the job cache on (other trees, other rounds): every task samples the tokens
+    it sampled alone without the cache (draws are addressed by position, docs/how-it-works.md)."""
+    _, _, got = one_worker
+    config = write_job(tmp_path, prompt_lines(TASKS), model={"dtype": "float64"}, generation=SAMPLING | {"batch_size": 3},
+                       lookahead={"job_cache": True})
+    again = run_one(config, tmp_path / "batched")
+    assert [(r["task_id"], r["token_ids"]) for r in again] == [(r["task_id"], r["token_ids"]) for r in got]
+    assert [r["emitted_per_round"] for r in again] != [r["emitted_per_round"] for r in got]  # other rounds
 
 
 @pytest.mark.parametrize("world", [2, 3])

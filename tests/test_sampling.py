@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 import torch
 
-from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead_generate
 from lp.models import tiny_random_llama
-from lp.decode.sampling import Draws, distribution, try_proposals, verify_tree_sampling, warpers
+from lp.decode.sampling import Draws, distribution, sample, try_proposals, verify_tree_sampling, warpers
 from lp.decode.tree import tree_of
 
 A, B, C, D = 0, 1, 2, 3
@@ -54,7 +54,7 @@ def test_enumeration_of_the_frozen_example_equals_p():
 def test_verifier_monte_carlo_matches_p(proposals):
     draws = Draws(seed=7, request="mc")
     n = 20000
-    counts = Counter(try_proposals(P, proposals, draws.uniform(r, 0))[0] for r in range(n))
+    counts = Counter(try_proposals(P, proposals, draws.uniform(k))[0] for k in range(n))
     p_value = chi_square_p([counts[t] for t in range(4)], (P * n).tolist())
     print(f"proposals {proposals}: chi-square p = {p_value:.3f}")
     assert p_value > 1e-3
@@ -62,16 +62,17 @@ def test_verifier_monte_carlo_matches_p(proposals):
 
 def test_draws_depend_only_on_their_address():
     a, b = Draws(1, "x"), Draws(1, "x")
-    assert [a.uniform(3, 1, i) for i in range(5)] == [b.uniform(3, 1, i) for i in range(5)]
-    assert a.uniform(3, 1, 0) != a.uniform(3, 2, 0) != Draws(2, "x").uniform(3, 1, 0)
-    assert all(0 <= a.uniform(r, 0, 0) < 1 for r in range(100))
+    assert [a.uniform(k) for k in range(5)] == [b.uniform(k) for k in range(5)]
+    assert len({a.uniform(3), a.uniform(4), Draws(2, "x").uniform(3), Draws(1, "y").uniform(3)}) == 4
+    assert all(0 <= a.uniform(k) < 1 for k in range(100))
+    assert a.words(5, [0, 2, 1]) == [b.words(5, [d])[0] for d in (0, 2, 1)] == b.words(3, [2, 4, 3])
 
 
-def verify(cands, cond, draws, round_):
+def verify(cands, cond, draws, start=0):
     """The tree verifier over the trie of `cands`; a node's row is cond(its path's tokens)."""
     tree = tree_of(cands)
     return verify_tree_sampling(cond(()), tree, lambda u: cond(tuple(tree.tokens[v] for v in tree.path(u))),
-                                draws, round_)
+                                draws, start)
 
 
 def test_multi_offset_verifier_enumerated():
@@ -83,10 +84,10 @@ def test_multi_offset_verifier_enumerated():
     n = 20000
     counts = Counter()
     for r in range(n):
-        res = verify(cands, lambda path: cond[path[-1]] if path else p1, Draws(3, "joint"), r)
+        res = verify(cands, lambda path: cond[path[-1]] if path else p1, Draws(3, f"joint{r}"))
         second = res.emitted[1] if len(res.emitted) > 1 else None
         if second is None:   # offset-0 token was a residual draw: sample the next one from its conditional
-            second = try_proposals(cond[res.emitted[0]], [], Draws(4, "x").uniform(r, 0))[0]
+            second = try_proposals(cond[res.emitted[0]], [], Draws(4, f"x{r}").uniform(0))[0]
         counts[(res.emitted[0], second)] += 1
     expected = [n * p1[a] * cond[a][b] for a in range(4) for b in range(4)]
     observed = [counts[(a, b)] for a in range(4) for b in range(4)]
@@ -153,13 +154,12 @@ def test_tree_verifier_monte_carlo_exact(cands):
     candidates that prefix one another: the joint of the first three emitted tokens
     equals the chain's (chi-square)."""
     n, counts = 20000, Counter()
-    extra = Draws(4, "rest")
     for r in range(n):
-        res = verify(cands, conditional, Draws(3, "var"), r)
+        res = verify(cands, conditional, Draws(3, f"var{r}"))
         out = list(res.emitted)
         assert len(out) <= 1 + max(map(len, cands))
         while len(out) < 3:   # the rest of the three tokens from the chain itself
-            out.append(try_proposals(conditional(tuple(out)), [], extra.uniform(r, len(out)))[0])
+            out.append(try_proposals(conditional(tuple(out)), [], Draws(4, f"rest{r}").uniform(len(out)))[0])
         counts[tuple(out[:3])] += 1
     cells = list(itertools.product(range(4), repeat=3))
     expected = [n * float(conditional(())[a] * conditional((a,))[b] * conditional((a, b))[c]) for a, b, c in cells]
@@ -239,6 +239,42 @@ def test_same_seed_same_output_and_seed_matters(model8):
     assert len(others | {tuple(a.token_ids)}) > 1
 
 
+def plain_sampling(model, prompt, gen, request):
+    """The reference: an autoregressive loop, one full forward per token (no cache), drawing the k-th
+    new token from the model's warped distribution by inverse CDF with the request's u_k."""
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
+    with torch.no_grad():
+        for k in range(gen.max_new_tokens):
+            seq.append(sample(distribution(model(input_ids=torch.tensor([seq])).logits[0, -1], warp), draws.uniform(k)))
+    return seq[len(prompt):]
+
+
+SAMPLED_PROMPTS = [PROMPT, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [6, 6, 7, 6, 6, 7, 6], [2, 4, 2, 4, 2, 4, 2, 4]]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.6, 0, 1.0), (1.0, 4, 0.9)])
+def test_sampled_tokens_are_plain_sampling_with_the_same_draws(model8, temperature, top_k, top_p):
+    """float64: every request's sampled tokens are, token for token, those of a plain sampling loop
+    drawing the k-th new token with u_k, whatever the trees: window, lookup or both, one request or
+    batches of 3 (host and device walks), and trees cut by a row budget. So a seed's output is the
+    same on every run, at every batch size and budget, not only equally distributed."""
+    gen = GenerationParams(24, temperature=temperature, top_k=top_k, top_p=top_p, seed=9)
+    prompts = SAMPLED_PROMPTS * 2
+    want = [plain_sampling(model8, p, gen, request) for request, p in enumerate(prompts)]
+    multi = 0
+    for params in (LookaheadParams(3, 3, 4), LOOKUP_ONLY, BOTH):
+        for request, p in enumerate(prompts):
+            r = lookahead_generate(model8, p, params, gen, request=request)
+            assert r.token_ids == want[request], (params, request)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+        for on_device, row_cost in ((False, None), (True, None), (True, lambda n, q: 1.0 + 0.05 * n * q)):
+            got = dict(decode_batch(model8, [(i, p, i) for i, p in enumerate(prompts)], params, gen, batch_size=3,
+                                    sampling_on_device=on_device, row_cost=row_cost))
+            assert [got[i].token_ids for i in range(len(prompts))] == want, (params, on_device, row_cost)
+            multi += sum(e > 1 for r in got.values() for e in r.emitted_per_round)
+    assert multi > 50       # the trees really accepted tokens, many rounds emitted several
+
+
 def test_temperature_zero_is_greedy(model8):
     greedy = lookahead_generate(model8, PROMPT, LookaheadParams(4, 4, 4), GenerationParams(12))
     x = torch.tensor([PROMPT])
@@ -252,8 +288,7 @@ LOOKUP_SAMPLING_PROMPTS = [PROMPT, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [6, 6, 7, 6, 
 
 def test_sampling_cuts_inside_a_long_lookup_round(model8):
     """Sampling with lookup: rounds emit more than N tokens, and max_new_tokens or EOS falling
-    inside such a round gives exactly the uncut run's prefix (draws are addressed by round and
-    offset, so the rounds before the cut are the same)."""
+    inside such a round gives exactly the uncut run's prefix (draws are addressed by position)."""
     params = LookaheadParams(2, 3, 2, lookup_candidates=2, lookup_tokens=8, lookup_ngram=2)
     cuts = eos_cuts = 0
     for request, prompt in enumerate(LOOKUP_SAMPLING_PROMPTS * 4):

@@ -91,7 +91,7 @@ class GenerationParams:
     temperature: float = 0.0   # 0: greedy; else sample (temperature, then top_k, then top_p, as generate)
     top_k: int = 0             # 0: off
     top_p: float = 1.0         # 1: off
-    seed: int = 0              # draws are a function of (seed, request, round, offset)
+    seed: int = 0              # draws are a function of (seed, request, position)
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1

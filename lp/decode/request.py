@@ -112,6 +112,11 @@ class RequestState:
         return self.tokens[:self.cached]
 
     @property
+    def generated(self) -> int:
+        """New tokens committed so far: the position of the next round's first token (its draw's)."""
+        return len(self.tokens) - len(self.prompt)
+
+    @property
     def done(self) -> bool:
         return self.stopper.reason is not None
 

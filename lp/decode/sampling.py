@@ -22,9 +22,15 @@ thus has the probability the design gives it, child order changes no
 outcome, and the walk is greedy's with the row's draw in the place of its
 argmax (on the device: lp.decode.verify.node_mismatch on the drawn tokens).
 
-Random numbers are a pure function of (seed, request, round, depth), never
-of which worker asks, so every LP rank makes the same root-level decision
-and a seed gives the same output at every world size.
+Random numbers are a pure function of (seed, request, position): the k-th
+new token of a request is always drawn with the same u_k, whichever round,
+tree row or worker draws it. A row at depth d of a round that starts at new
+token k predicts token k + d, so it draws u_(k+d). Every emitted token is
+therefore the inverse-CDF draw of u_k from the model's distribution after
+the tokens before it, as a plain sampling loop with the same draws
+(`sample` at each step) would give: the output of a seed depends on neither
+the trees nor the window, the batch, the row budget or the world size, and
+every LP rank makes the same root-level decision.
 """
 from __future__ import annotations
 
@@ -60,26 +66,26 @@ def distribution(logits: torch.Tensor, warp: LogitsProcessorList) -> torch.Tenso
 
 
 class Draws:
-    """Uniform [0, 1) numbers addressed by (round, depth, index) for one request (a walk takes index 0:
-    one draw per row, the row's depth in its round)."""
+    """Uniform [0, 1) numbers addressed by position for one request: the draw of the request's k-th
+    new token (k from 0) is u_k, whichever round, row or rank draws it."""
 
     def __init__(self, seed: int, request: str | int):
         self.key = f"{seed}/{request}".encode()
 
-    def bits(self, round_: int, depth: int, index: int = 0) -> int:
-        """The draw as a 53-bit integer."""
-        h = hashlib.blake2b(self.key + struct.pack("<3q", round_, depth, index), digest_size=8).digest()
+    def bits(self, position: int) -> int:
+        """u_position as a 53-bit integer."""
+        h = hashlib.blake2b(self.key + struct.pack("<q", position), digest_size=8).digest()
         return int.from_bytes(h, "little") >> 11
 
-    def uniform(self, round_: int, depth: int, index: int = 0) -> float:
-        """The draw as a uniform number in [0, 1) (53 bits: exact in a double)."""
-        return self.bits(round_, depth, index) * 2.0 ** -53
+    def uniform(self, position: int) -> float:
+        """u_position as a number in [0, 1) (53 bits: exact in a double)."""
+        return self.bits(position) * 2.0 ** -53
 
-    def words(self, round_: int, depths: Sequence[int]) -> list[int]:
-        """Each row's draw (round, its depth) as the device walk reads it: 1 - u, a double in (0, 1]
-        (exact for a 53-bit u), written as the int64 word holding its bits, so that it travels in the
-        round's one int64 upload and the device reads it back as float64 by a view, with no op."""
-        rest = [1.0 - self.uniform(round_, d) for d in depths]
+    def words(self, start: int, depths: Sequence[int]) -> list[int]:
+        """Each row's draw, u_(start + its depth), as the device walk reads it: 1 - u, a double in
+        (0, 1] (exact for a 53-bit u), written as the int64 word holding its bits, so that it travels in
+        the round's one int64 upload and the device reads it back as float64 by a view, with no op."""
+        rest = [1.0 - self.uniform(start + d) for d in depths]
         return list(struct.unpack(f"<{len(rest)}q", struct.pack(f"<{len(rest)}d", *rest)))
 
 
@@ -115,11 +121,12 @@ def verify_tree_sampling(
     tree: TokenTree,
     row: Callable[[int], torch.Tensor],
     draws: Draws,
-    round_: int,
+    start: int,
     owned: Callable[[int], bool] = lambda u: True,
 ) -> Sampled:
     """Exact verification of `tree` against the ordinary row's distribution
-    `first`; `row(u)` is the distribution of node u's row.
+    `first`; `row(u)` is the distribution of node u's row; `start` is the
+    position (new tokens so far) of the round's first token.
 
     The root's children need only `first` and their tokens, so every LP rank
     takes that decision. Below it only nodes with `owned(u)` can be followed (an
@@ -129,7 +136,7 @@ def verify_tree_sampling(
     p, emitted, node, depth = first, [], -1, 0
     while True:
         options = kids.get(node, [])
-        token, accepted = try_proposals(p, [tree.tokens[u] for u in options], draws.uniform(round_, depth))
+        token, accepted = try_proposals(p, [tree.tokens[u] for u in options], draws.uniform(start + depth))
         emitted.append(token)
         if not accepted:            # every child rejected: the token is the residual's draw
             break
