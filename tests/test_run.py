@@ -20,6 +20,7 @@ from lp.engine import LookaheadParams
 from lp.jobs.code import CHAT_CODE_STOP, chat_completion, chat_message, parses
 from lp.jobs.config import CODE_COMPLETION_STOP, JOB_LOOKAHEAD, load_config
 from lp.models import LoadedModel, TinyTokenizer, load_model
+from lp.jobs.data import prompt_digest
 from lp.run import main
 
 TINY = "tiny-random-llama?vocab=64&seed=0"
@@ -28,7 +29,7 @@ PROMPTS = [
     {"task_id": "t/1", "prompt": "abc abc abc abc"},
     {"task_id": "t/2", "prompt": "Once upon a time"},
 ]
-RECORD_KEYS = {"task_id", "line", "prompt_tokens", "response", "completion", "token_ids", "new_tokens", "forwards",
+RECORD_KEYS = {"task_id", "line", "prompt_hash", "prompt_tokens", "response", "completion", "token_ids", "new_tokens", "forwards",
                "compression", "decode_seconds", "finish_reason", "error", "method"}
 BASELINE_KEYS = {"baseline_token_ids", "baseline_new_tokens", "baseline_decode_seconds", "baseline_finish_reason",
                  "baseline_ids_equal"}
@@ -137,6 +138,25 @@ def test_rerun_with_another_config_is_refused_unless_forced(job):
     assert (out / "results.jsonl").read_text() == before
     assert json.loads((out / "summary.json").read_text())["prompts"] == 2
     assert yaml.safe_load((out / "config.yaml").read_text())["generation"]["max_new_tokens"] == 5
+
+
+def test_resume_after_a_prompt_changed_is_refused_unless_forced(job, tmp_path):
+    """An edited prompt file under an unchanged config: the kept record of the edited task is stale, so
+    the resume is refused (exit 2, naming the task); --force keeps the old record."""
+    config, out = job
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=2"]).exit_code == 0
+    before = (out / "results.jsonl").read_text()
+    assert [r["prompt_hash"] for r in read_results(out)] == [prompt_digest(p["prompt"]) for p in PROMPTS[:2]]
+    edited = [PROMPTS[0], {**PROMPTS[1], "prompt": "xyz xyz xyz"}, PROMPTS[2]]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in edited))
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=2"])
+    assert result.exit_code == 2, result.output
+    assert "1 task whose prompt has changed since (t/1)" in result.stderr and "--force" in result.stderr
+    assert (out / "results.jsonl").read_text() == before
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--force", "--set", "data.limit=2"])
+    assert result.exit_code == 0, result.output
+    assert (out / "results.jsonl").read_text() == before
 
 
 def test_fresh_starts_over_and_set_applies(job):
@@ -395,7 +415,7 @@ class ChatTokenizer:
 
 def test_chat_template_wraps_the_instruction_and_opens_the_answer():
     from lp.jobs.config import load_config_dict
-    from lp.jobs.data import Prompt
+    from lp.jobs.data import prompt_digest, Prompt
     from lp.models import LoadedModel
     from lp.jobs.runner import encode_prompt
 

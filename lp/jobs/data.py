@@ -46,6 +46,12 @@ def request_id(task_id: str) -> int:
     return int.from_bytes(hashlib.sha256(task_id.encode("utf-8")).digest()[:8], "big") >> 1
 
 
+def prompt_digest(text: str) -> str:
+    """A record's `prompt_hash`: the first 16 hex digits of the SHA-256 of the prompt text (UTF-8), so
+    that a resume can tell a task whose prompt changed in the source since its record was written."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def load_prompts(data: DataSection) -> list[Prompt]:
     """The prompts of a job in source order, after skipping `offset` and keeping at most `limit`
     (for JSONL both count non-blank lines, good or bad)."""

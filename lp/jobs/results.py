@@ -15,8 +15,8 @@ Resume: opening a directory whose results.jsonl has records keeps them and
 the run skips their task ids. A torn last line (a run killed mid-write) is
 cut off; any other unreadable line is an error (the file is not ours to
 repair). The recorded config.yaml must match the current one except for
-config.RESULT_NEUTRAL_KEYS, or the run is refused (ResumeRefused) unless
-forced. A lock file keeps two runs from writing one directory at once: global
+config.RESULT_NEUTRAL_KEYS, and every kept record's prompt_hash must match
+its task's prompt now, or the run is refused (ResumeRefused) unless forced. A lock file keeps two runs from writing one directory at once: global
 rank 0 opens the directory (`open`: lock, --fresh, torn lines, config check)
 before any group starts; the other groups' leaders then `attach` to it (read
 the records, append to their own file, never repair another group's file).
@@ -28,7 +28,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from lp.jobs.config import ConfigError, JobConfig, differences, load_config
 
@@ -75,8 +75,11 @@ class JobDir:
 
     # ---- opening ------------------------------------------------------------------------------------------
 
-    def open(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> None:
-        """Create or resume the directory for `cfg` and open results.jsonl for appending."""
+    def open(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
+             prompt_hashes: Mapping[str, str] | None = None) -> None:
+        """Create or resume the directory for `cfg` and open results.jsonl for appending. `prompt_hashes`
+        (task id -> lp.jobs.data.prompt_digest of its prompt now): a kept record whose task's prompt
+        changed since refuses the resume as a changed config does."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         try:
@@ -97,6 +100,17 @@ class JobDir:
                 if changed:
                     logger.warning("--force: resuming %s although the config changed (%s)",
                                    self.dir, "; ".join(changed))
+                stale = [t for t, r in self.records.items()
+                         if prompt_hashes and t in prompt_hashes and r.get("prompt_hash", prompt_hashes[t])
+                         != prompt_hashes[t]]      # records from an lp before prompt_hash: unchecked
+                if stale and not force:
+                    raise ResumeRefused(
+                        f"{self.dir} holds results for {len(stale)} task{'s' if len(stale) > 1 else ''} whose "
+                        f"prompt has changed since ({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); "
+                        f"rerun with --force to keep those results anyway, --fresh to start over, or choose "
+                        f"another output.dir")
+                if stale:
+                    logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
                 logger.info("resuming %s: %d results kept", self.dir, self.kept)
             self.summary_path.unlink(missing_ok=True)  # summary.json exists only for a finished run
             write_atomic(self.config_path, cfg.to_yaml())

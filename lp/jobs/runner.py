@@ -46,7 +46,7 @@ from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, decode_batch, lookahead_generate, round_rows_bound
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
-from lp.jobs.data import DataError, Prompt, load_prompts, read_classeval, request_id
+from lp.jobs.data import DataError, Prompt, load_prompts, prompt_digest, read_classeval, request_id
 from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
@@ -94,7 +94,8 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             prompts = load_prompts(cfg.data)
             logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
             job = JobDir(cfg.output.dir)
-            job.open(cfg, force=force, fresh=fresh)
+            job.open(cfg, force=force, fresh=fresh,
+                     prompt_hashes={p.task_id: prompt_digest(p.prompt) for p in prompts})
         except (DataError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
     if comm.job_world > 1 and (status := comm.job_go(start_status(failure))):   # go / stop for every rank

@@ -9,7 +9,7 @@ from typing import Any
 
 from lp.engine import GenerationResult
 from lp.jobs.config import JobConfig
-from lp.jobs.data import Prompt
+from lp.jobs.data import Prompt, prompt_digest
 from lp.jobs.results import JobDir
 from lp.parallel.dist import Comm
 
@@ -22,6 +22,7 @@ def result_record(prompt: Prompt, input_ids: list[int], result: GenerationResult
     record = {
         "task_id": prompt.task_id,
         "line": prompt.line,
+        "prompt_hash": prompt_digest(prompt.prompt),
         "prompt_tokens": len(input_ids),
         "response": response,
         "completion": completion,
@@ -62,6 +63,7 @@ def error_record(prompt: Prompt, error: str, input_ids: list[int] | None, method
     return {
         "task_id": prompt.task_id,
         "line": prompt.line,
+        "prompt_hash": prompt_digest(prompt.prompt),
         "prompt_tokens": None if input_ids is None else len(input_ids),
         "response": None,
         "completion": None,
