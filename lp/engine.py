@@ -15,14 +15,16 @@ plain greedy decoding.
 """
 from __future__ import annotations
 
+import logging
+
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from lp.decode.arch import check_model
+from lp.decode.arch import check_model, draft_ceiling, reencode_position, rope_threshold
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, DraftBackoff, ranked_chances, rows_per_request
 from lp.decode.device import Uploader
@@ -39,6 +41,8 @@ from lp.decode.tree import EMPTY, TokenTree
 from lp.decode.verify import decide, node_mismatch, pack_payloads, path_verdicts
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BatchStats", "GenerationParams", "GenerationResult", "LookaheadParams", "check", "decode_batch",
            "lookahead_generate", "round_rows_bound", "window_seed"]
@@ -143,6 +147,12 @@ def decode_batch(
         raise ValueError(f"compile_mode {compile_mode!r} must be one of {', '.join(COMPILE_MODES)}")
     if batch_size < 1:
         raise ValueError(f"batch_size {batch_size} must be >= 1")
+    threshold = rope_threshold(model.config)
+    if threshold is not None and batch_size > 1:   # one request's rows past it would change every request's RoPE
+        logger.warning("%s's RoPE changes for a whole forward once a position in it reaches %d: requests are "
+                       "decoded one at a time (batch_size %d -> 1) to stay exact", type(model).__name__, threshold,
+                       batch_size)
+        batch_size = 1
     comm = comm or Comm()
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
@@ -167,7 +177,8 @@ def decode_batch(
                               f"holds (sized for prompts of up to {prompt_tokens} tokens)")
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
-                             streamer=streamer)
+                             streamer=streamer, ceiling=partial(draft_ceiling, model.config),
+                             reencode_at=reencode_position(model.config))
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:
@@ -308,10 +319,10 @@ class Rounds:
         """The leader's trees for the round: each request's candidates, cut by the row budget when
         there is one (the rows of one worker: base rows, then the best nodes)."""
         if self.row_cost is None:
-            return [s.proposer.tree() for s in states]
+            return [s.proposer.tree(s.draft_depth) for s in states]
         if not self.backoff.drafts():           # the last rounds' trees did not pay: no drafting either
             return [EMPTY] * len(states)
-        builders = [s.proposer.candidates() for s in states]
+        builders = [s.proposer.candidates(s.draft_depth) for s in states]
         chances = [ranked_chances(b, self.acceptance, self.tree_budget) for b in builders]
         # a joining request's prefill holds up the batch: its nodes must earn what a full batch's plain
         # decoding round earns in the same seconds

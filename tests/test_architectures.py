@@ -306,3 +306,72 @@ def test_grouped_sdpa_is_transformers_sdpa(rows, heads, mask_heads, dtype):
     if dtype == torch.float32 and mask_heads == 1:
         gqa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
         assert torch.equal(got, gqa.transpose(1, 2))
+
+
+# Models whose forward changes with the largest position it holds: a round's draft rows must not reach
+# where plain decoding's forward does not (lp.decode.arch.draft_ceiling). Each case: (family, overrides,
+# prompt length, new tokens): at the end of a 64-position table (the old engine's drafts indexed past it),
+# and across a RoPE threshold (dynamic: 64; longrope: 32, where Phi-3's generate also re-encodes everything).
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [3.0] * 8,
+            "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+POSITION_CASES = {
+    "gpt2-table-end": ("gpt2", dict(max_position_embeddings=64), 52, 12),
+    "codegen-table-end": ("codegen", dict(max_position_embeddings=64, n_ctx=64), 52, 12),
+    "llama-dynamic-rope": ("llama", dict(max_position_embeddings=64, rope_parameters={
+        "rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}), 30, 50),
+    "llama-longrope": ("llama", dict(max_position_embeddings=128, rope_parameters=LONGROPE), 20, 40),
+    "phi3-longrope-reencode": ("phi3", dict(max_position_embeddings=128, original_max_position_embeddings=32,
+                                            rope_parameters=LONGROPE), 20, 40),
+}
+PATTERN = [5, 9, 12, 30, 41, 7, 18, 22]     # repeated: long suffix drafts right up to the threshold
+
+
+def position_case(name):
+    family, overrides, length, new = POSITION_CASES[name]
+    return tiny_random(family, dtype=torch.float64, **overrides), (PATTERN * 8)[:length], new
+
+
+@pytest.mark.parametrize("name", list(POSITION_CASES))
+def test_drafts_stay_below_position_thresholds(name):
+    model, prompt, new = position_case(name)
+    reference = generate(model, prompt, new)
+    multi = 0
+    for params in CONFIGS.values():
+        r = lookahead_generate(model, prompt, params, GenerationParams(new))
+        assert r.token_ids == reference, (name, params)
+        multi += sum(e > 1 for e in r.emitted_per_round)
+    assert multi >= 1, f"{name}: no round accepted a draft"
+
+
+def test_a_batch_on_a_threshold_rope_model_is_decoded_one_at_a_time(caplog):
+    """One request past a dynamic RoPE's threshold would rescale every request of a shared forward: the
+    batch is decoded one request at a time (a warning says so), each identical to generate."""
+    from lp.engine import decode_batch
+
+    model, prompt, new = position_case("llama-dynamic-rope")
+    prompts = [prompt, prompt[3:], prompt[:20]]
+    with caplog.at_level("WARNING", logger="lp.engine"):
+        got = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(prompts)], CONFIGS["window+lookup+tree"],
+                                GenerationParams(new), batch_size=3))
+    assert "one at a time (batch_size 3 -> 1)" in caplog.text
+    assert [got[i].token_ids for i in range(3)] == [generate(model, p, new) for p in prompts]
+
+
+def test_lp_two_workers_across_position_thresholds(tmp_path):
+    """P = 2 re-feeds the emitted tokens: across a dynamic or longrope threshold (and Phi-3's re-encode) the
+    re-fed rows never straddle it, and every rank writes generate's ids and the single worker's rounds."""
+    names = ["gpt2-table-end", "llama-dynamic-rope", "llama-longrope", "phi3-longrope-reencode"]
+    cases, expected = [], []
+    for name in names:
+        model, prompt, new = position_case(name)
+        p = CONFIGS["window+lookup+tree"]
+        lookup = {k: getattr(p, k) for k in ("lookup_candidates", "lookup_tokens", "suffix_factor", "suffix_tokens")}
+        cases.append(dict(model=name, prompt=prompt, w=p.window, n=p.ngram, g=p.guesses, max_new=new, lookup=lookup))
+        single = lookahead_generate(model, prompt, p, GenerationParams(new))
+        assert single.token_ids == generate(model, prompt, new)
+        expected.append(single)
+    spec = {"models": {n: {"family": POSITION_CASES[n][0], **POSITION_CASES[n][1]} for n in names}, "cases": cases}
+    for rank in torchrun(2, spec, tmp_path):
+        for i, ref in enumerate(expected):
+            assert (rank["results"][i]["tokens"], rank["results"][i]["emitted"]) == \
+                (ref.token_ids, ref.emitted_per_round), names[i]

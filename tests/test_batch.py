@@ -78,7 +78,7 @@ def test_row_budget_rounds_are_exact_and_stop_drafting_when_trees_do_not_pay(mod
     model = models("llama")
     references = [generate(model, p) for p in PROMPTS]
     drafted = []
-    monkeypatch.setattr(Proposer, "candidates", lambda self, f=Proposer.candidates: drafted.append(1) or f(self))
+    monkeypatch.setattr(Proposer, "candidates", lambda self, *a, f=Proposer.candidates: drafted.append(1) or f(self, *a))
     cost = (lambda n, q: 1.0) if rows_cost == "free" else (lambda n, q: 1.0 + 10.0 * n * (q - 1))
     stats = BatchStats()
     out = run_batch(model, PROMPTS, CONFIGS["job"], 4, stats=stats, row_cost=cost, draft_cost=1e-4)

@@ -222,8 +222,8 @@ def trees_seen(monkeypatch):
     seen = []
     original = propose.Proposer.tree
 
-    def tree(self):
-        t = original(self)
+    def tree(self, max_depth=None):
+        t = original(self, max_depth)
         seen.append(t)
         return t
     monkeypatch.setattr(propose.Proposer, "tree", tree)

@@ -54,3 +54,21 @@ def test_from_parents_round_trips():
     t = tree_of([(1, 2, 3), (1, 4), (6, 7)])
     assert TokenTree.from_parents(t.tokens, t.parents) == t
     assert t.max_depth == 3 and t.path(2) == [0, 1, 2]
+
+
+def test_max_depth_cuts_every_path_at_that_depth():
+    """Near a position threshold or max_new_tokens the proposer builds with max_depth: the tree is the
+    unbounded one's nodes of depth <= max_depth, subtrees of a dropped node dropped with it."""
+    rng = random.Random(1)
+    for _ in range(200):
+        paths = [tuple(rng.randrange(4) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 6))]
+        scores = [[rng.random() for _ in p] for p in paths]
+        depth = rng.randint(0, 4)
+        full, cut = TreeBuilder(), TreeBuilder(max_depth=depth)
+        for path, score in zip(paths, scores):
+            full.add(path, score)
+            cut.add(path, score)
+        t = cut.build()
+        assert t.max_depth <= depth
+        assert sorted(t.chains()) == sorted({c[:depth] for c in full.build().chains() if depth})
+        assert cut.ranking() == [r for r in full.ranking() if r[1] <= depth]

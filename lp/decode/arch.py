@@ -84,6 +84,69 @@ def windowed(kinds: dict[str, LayerAttention]) -> bool:
     return any(k.rule != FULL for k in kinds.values())
 
 
+def position_limit(config) -> int | None:
+    """The model's context length in positions, when its config says."""
+    config = text_config(config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+# families whose generate drops the cache and re-encodes the whole sequence once it reaches
+# original_max_position_embeddings + 1 tokens (their prepare_inputs_for_generation), so that a longrope model's
+# keys are all in the long factors from there on
+REENCODING_MODEL_TYPES = frozenset({"phi3", "phimoe", "phi4_multimodal"})
+
+
+def _rope_types(config) -> list[dict]:
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
+
+
+def rope_threshold(config) -> int | None:
+    """The position T from which the model's RoPE changes every row of a forward whose largest position
+    reaches it (transformers' dynamic_rope_update), or None: "longrope" switches to its long factors at
+    original_max_position_embeddings, "dynamic" rescales past max_position_embeddings."""
+    config = text_config(config)
+    out = None
+    for params in _rope_types(config):
+        kind = str(params.get("rope_type", params.get("type", "")))
+        threshold = (params.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
+                                                                                None) if kind == "longrope"
+                     else getattr(config, "max_position_embeddings", None) if "dynamic" in kind else None)
+        if threshold:
+            out = threshold if out is None else min(out, threshold)
+    return out
+
+
+def reencode_position(config) -> int | None:
+    """Where generate re-encodes the whole sequence (see REENCODING_MODEL_TYPES): the first round whose
+    last committed token is at this position re-feeds every token (None: never)."""
+    config = text_config(config)
+    if getattr(config, "model_type", None) in REENCODING_MODEL_TYPES and \
+            any(p.get("rope_type", p.get("type")) == "longrope" for p in _rope_types(config)):
+        return getattr(config, "original_max_position_embeddings", None) or rope_threshold(config)
+    return None
+
+
+def draft_ceiling(config, position: int) -> int | None:
+    """The highest position a draft row (window cell, tree node) may take in a round whose last
+    committed token x_t is at `position` (None: no bound; `position` itself: no draft row).
+
+    Plain decoding's forward holds no position past the one it predicts from; a round's must not
+    reach where that changes the forward: past the context length (learned position tables such as
+    GPT-2's and CodeGen's rotary table end there) or across `rope_threshold`. Below such a threshold T
+    a round's rows stay at or below T - 2, so that its emitted tokens (each draft row predicts the
+    next position) stay below T too and LP's re-fed rows never straddle it; at T - 1, and past the
+    context length, a round is plain decoding's one row; past a longrope threshold rows are free."""
+    config = text_config(config)
+    limit, threshold = position_limit(config), rope_threshold(config)
+    bounds = [max(t - 2, position) for t in (limit, threshold) if t is not None and (t == limit or position < t)]
+    return min(bounds) if bounds else None
+
+
 def refusal(model) -> str | None:
     """Why lookahead cannot be exact on `model` (one line naming its type), or None when it can."""
     config = text_config(model.config)

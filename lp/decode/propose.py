@@ -51,13 +51,16 @@ class Proposer:
             self.seq = self.index.add(self.tokens)
         self.corpus = corpus if params.suffix and params.job_cache else None
 
-    def tree(self) -> TokenTree:
-        """This round's candidates."""
-        return self.candidates().build(self.params.tree_budget or None)
+    def tree(self, max_depth: int | None = None) -> TokenTree:
+        """This round's candidates, `max_depth` tokens deep at most."""
+        return self.candidates(max_depth).build(self.params.tree_budget or None)
 
-    def candidates(self) -> TreeBuilder:
-        """This round's candidates, scored, before the tree budget cuts them."""
-        p, builder = self.params, TreeBuilder()
+    def candidates(self, max_depth: int | None = None) -> TreeBuilder:
+        """This round's candidates, scored, `max_depth` tokens deep at most, before the tree budget
+        cuts them."""
+        p, builder = self.params, TreeBuilder(max_depth)
+        if max_depth is not None and max_depth < 1:
+            return builder
         if p.suffix:
             for index in (self.index, self.corpus):
                 if index is not None:

@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -86,8 +86,11 @@ class RequestState:
 
     def __init__(self, key: Any, prompt: Sequence[int], lookahead: LookaheadParams, generation: GenerationParams, *,
                  request: str | int = 0, leader: bool = True, corpus: SuffixIndex | None = None,
-                 eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None):
-        self.key, self.row, self.streamer = key, row, streamer
+                 eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None,
+                 ceiling: Callable[[int], int | None] = lambda position: None, reencode_at: int | None = None):
+        self.key, self.row, self.streamer, self.ceiling = key, row, streamer, ceiling
+        self.reencode_at = reencode_at   # lp.decode.arch.reencode_position: where generate re-encodes everything
+        self.max_new_tokens = generation.max_new_tokens
         self.prompt = [int(t) for t in prompt]
         n, w = lookahead.ngram, lookahead.window
         self.proposer = Proposer(lookahead, self.prompt, corpus) if leader else None
@@ -99,6 +102,7 @@ class RequestState:
         self.cached = 0                      # cache slots holding committed tokens
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
+        self._fit_window()
 
     def reuse(self, slots: int) -> None:
         """The K/V of the prompt's first `slots` tokens are already in this request's cache row
@@ -115,6 +119,24 @@ class RequestState:
     def generated(self) -> int:
         """New tokens committed so far: the position of the next round's first token (its draw's)."""
         return len(self.tokens) - len(self.prompt)
+
+    @property
+    def draft_depth(self) -> int:
+        """How deep this round's tree may go: no node past the model's draft ceiling
+        (lp.decode.arch.draft_ceiling) and none whose own token is past max_new_tokens."""
+        position = len(self.tokens) - 1
+        ceiling = self.ceiling(position)
+        depth = self.max_new_tokens - self.generated - 1
+        return depth if ceiling is None else min(depth, ceiling - position)
+
+    def _fit_window(self) -> None:
+        """Drop the Jacobi window for good once its farthest cell would pass the draft ceiling (the
+        request is then within a window's reach of a threshold; the tree still drafts)."""
+        if self.window is not None:
+            position = len(self.tokens) - 1
+            ceiling = self.ceiling(position)
+            if ceiling is not None and position + self.window.columns + self.window.depth - 2 > ceiling:
+                self.window = None
 
     @property
     def done(self) -> bool:
@@ -166,6 +188,9 @@ class RequestState:
         else:                # re-feed: the accepted rows live on one rank only
             self.cached = frontier
             self.ordinary = list(decision.emitted)
+        self._fit_window()
+        if self.reencode_at is not None and len(self.tokens) - 1 >= self.reencode_at > len(self.tokens) - 1 - len(emitted):
+            self.cached, self.ordinary = 0, list(self.tokens)     # generate's re-encode, at the same token
         r = self.result
         r.forwards += 1
         r.emitted_per_round.append(len(emitted))

@@ -77,14 +77,16 @@ EMPTY = TokenTree((), (), ())
 class TreeBuilder:
     """Collects scored token paths from any number of proposers into one trie.
 
-    `add(path, scores)` inserts a path below the root, `add_tree` a scored tree;
-    a node reached several times keeps its best score. A node's score is clipped
+    `add(path, scores)` inserts a path below the root, `add_tree` a scored tree
+    (nodes deeper than `max_depth` left out); a node reached several times keeps its best score. A node's score is clipped
     to its parent's, so scores never increase along a path. `build(budget)` keeps the best `budget` nodes (ties: shallower
     first, then earlier insertion), always with their ancestors."""
 
-    def __init__(self):
+    def __init__(self, max_depth: int | None = None):
+        self.max_depth = max_depth     # deeper nodes (and so their subtrees) are not inserted
         self._tokens: list[int] = []
         self._parents: list[int] = []
+        self._depths: list[int] = []
         self._scores: list[float] = []
         self._child: dict[tuple[int, int], int] = {}   # (parent, token) -> node
 
@@ -98,9 +100,13 @@ class TreeBuilder:
 
     def add_tree(self, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float]) -> None:
         """Insert a scored tree given as parent-before-child arrays (parent -1: the root)."""
-        mapped: list[int] = []
+        mapped: list[int | None] = []
         for token, parent, score in zip(tokens, parents, scores):
             node = -1 if parent < 0 else mapped[parent]
+            depth = 1 if parent < 0 or node is None else self._depths[node] + 1
+            if node is None or (self.max_depth is not None and depth > self.max_depth):
+                mapped.append(None)     # too deep, or below a node that is
+                continue
             score = score if node < 0 else min(score, self._scores[node])
             key = (node, int(token))
             child = self._child.get(key)
@@ -108,6 +114,7 @@ class TreeBuilder:
                 child = self._child[key] = len(self._tokens)
                 self._tokens.append(int(token))
                 self._parents.append(node)
+                self._depths.append(depth)
                 self._scores.append(score)
             elif score > self._scores[child]:
                 self._scores[child] = score
@@ -115,11 +122,8 @@ class TreeBuilder:
 
     def _ranked(self) -> tuple[list[int], list[int]]:
         """(nodes best first: score, then shallower, then earlier; depth of every node)."""
-        n = len(self._tokens)
-        depth = [0] * n
-        for i, p in enumerate(self._parents):   # parents are inserted before children
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        return sorted(range(n), key=lambda i: (-self._scores[i], depth[i], i)), depth
+        depth = self._depths
+        return sorted(range(len(depth)), key=lambda i: (-self._scores[i], depth[i], i)), depth
 
     def ranking(self, budget: int | None = None) -> list[tuple[float, int]]:
         """(score, depth) of the nodes `build(budget)` keeps, best first: `build(k)` keeps the first k

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lp.baseline import autoregressive_generate
+from lp.decode.arch import position_limit
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, decode_batch, lookahead_generate, round_rows_bound
@@ -215,7 +216,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     if job.kept:
         logger.info("%d of %d prompts already have a record; %d to go", len(prompts) - len(todo),
                     len(prompts), len(todo))
-    limit = context_limit(loaded.model)
+    limit = position_limit(loaded.model.config)
     encoded = {p.task_id: encode_prompt(p, loaded, cfg, limit) for p in todo}
 
     def claims():
@@ -325,7 +326,7 @@ def measure_costs(cfg: JobConfig, loaded: LoadedModel, prompts: Sequence[Prompt]
     rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
     t0 = time.perf_counter()
     curve = batch_curve(loaded.model, CURVE_PREFIX, batches, rows, repeats=2)
-    limit = context_limit(loaded.model)
+    limit = position_limit(loaded.model.config)
     encoded = (encode_prompt(p, loaded, cfg, limit) for p in prompts)
     firsts = list(islice((ids for ids, error in encoded if error is None), cfg.generation.batch_size))
     drafting = draft_time(cfg.lookahead, firsts)
@@ -395,17 +396,6 @@ def prompt_ids(text: str, tokenizer, data: DataSection) -> list[int]:
     chat = tokenizer.apply_chat_template([{"role": "user", "content": chat_message(text, data.instruction)}],
                                          add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(chat + data.response_prefix, add_special_tokens=False))  # the template has BOS
-
-
-def context_limit(model) -> int | None:
-    """The model's context length in positions, when its config says."""
-    config = model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def _count(bar: "Progress", handout: Handout) -> int | None:
