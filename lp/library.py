@@ -39,6 +39,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD
@@ -92,6 +93,11 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if getattr(config, "stop_strings", None):
         raise ValueError("lp.lookahead gets no tokenizer from generate, so it cannot apply stop_strings: "
                          "use lp.generate(..., stop_strings=..., tokenizer=...)")
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("lp.lookahead decodes from input_ids: inputs_embeds is not supported")
+    if given_cache_tokens(model_kwargs):
+        raise ValueError("lp.lookahead builds its own cache from input_ids: pass the whole sequence as input_ids "
+                         "and no past_key_values")
     sampling = _sampling(logits_processor or [], bool(config.do_sample))
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
@@ -110,18 +116,23 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     seed = int(torch.randint(0, 2**62, (1,)).item()) if sampling else 0
     generation = GenerationParams(new, **sampling, seed=seed)
     mask = model_kwargs.get("attention_mask")
+    if mask is not None:
+        _check_left_padding(mask)
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(f"lp.lookahead streams one row: a streamer with a batch of {input_ids.shape[0]} rows is "
+                         f"not supported")
     rows = []
     for b in range(input_ids.shape[0]):
         row = input_ids[b]
         prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
         r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
-                               streamer=streamer if input_ids.shape[0] == 1 else None)
+                               streamer=streamer)
         rows.append(r.token_ids)
     longest = max(len(r) for r in rows)
-    tail = torch.full((input_ids.shape[0], longest), pad, dtype=input_ids.dtype, device=input_ids.device)
+    tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
-        tail[b, :len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
-    sequences = torch.cat([input_ids, tail], dim=1)
+        tail[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    sequences = torch.cat([input_ids.long(), tail], dim=1)       # int64, as generate returns whatever came in
     if config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
@@ -129,7 +140,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
 
 def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
-             stop_strings: Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
+             stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer`; a
@@ -141,6 +152,12 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         raise ValueError(f"a streamer takes one prompt at a time (as generate's); got {len(batch)} prompts")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
+    if isinstance(stop_strings, str):        # one stop string, as generate takes it
+        stop_strings = (stop_strings,)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if do_sample and not temperature > 0:
+        raise ValueError(f"do_sample=True needs a temperature > 0 (got {temperature!r}); do_sample=False is greedy")
     generation = GenerationParams(max_new_tokens, stop=tuple(stop_strings),
                                   temperature=temperature if do_sample else 0.0, top_k=top_k if do_sample else 0,
                                   top_p=top_p if do_sample else 1.0, seed=seed)
@@ -170,12 +187,24 @@ def _generate_call() -> dict:
 
 
 def _sampling(processors, do_sample: bool) -> dict:
-    """GenerationParams' sampling fields from generate's prepared warpers; refuses any other processor."""
+    """GenerationParams' sampling fields from generate's prepared warpers: temperature, top-k, top-p, each
+    at most once, in that order (generate's), with the default filter value and min_tokens_to_keep 1.
+    Refuses any other processor, and warpers lp would not apply as given."""
     temperature, top_k, top_p = (1.0 if do_sample else 0.0), 0, 1.0
+    last = -1
     for p in processors:
         if not isinstance(p, _WARPERS):
             raise ValueError(f"lp.lookahead cannot apply the logits processor {type(p).__name__} exactly: it "
                              f"samples with temperature, top_k and top_p only")
+        kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
+        keep = getattr(p, "min_tokens_to_keep", 1)
+        if kind <= last or keep != 1 or getattr(p, "filter_value", -float("inf")) != -float("inf"):
+            if do_sample:
+                raise ValueError(f"lp.lookahead samples with one temperature, top_k and top_p warper each, in "
+                                 f"generate's order and settings; it cannot apply {type(p).__name__} here "
+                                 f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
+            continue   # greedy: no warper moves the argmax
+        last = kind
         if isinstance(p, TemperatureLogitsWarper):
             temperature = float(p.temperature)
         elif isinstance(p, TopKLogitsWarper):
@@ -183,6 +212,17 @@ def _sampling(processors, do_sample: bool) -> dict:
         else:
             top_p = float(p.top_p)
     return dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+
+
+def _check_left_padding(mask: torch.Tensor) -> None:
+    """Each row of `mask` is zeros then ones (left padding, as lp strips it), with at least one token."""
+    for b, row in enumerate(mask.bool().tolist()):
+        start = row.index(True) if True in row else None
+        if start is None:
+            raise ValueError(f"attention_mask row {b} masks every token: nothing to decode")
+        if not all(row[start:]):
+            raise ValueError(f"attention_mask row {b} is not left-padded (a masked token after a kept one): lp "
+                             f"strips left padding only; pad on the left (tokenizer.padding_side = 'left')")
 
 
 def _ids(value) -> list[int]:

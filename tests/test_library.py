@@ -3,12 +3,14 @@
 return_dict_in_generate), its sampling is distributed as the model's joint (the chi-square harness of
 test_sampling), what it cannot do is refused naming the option; `lp.generate` takes text or ids, stop
 strings and a streamer that prints the same text as generate's; the README's example runs as written."""
+import inspect
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 import lp
 from lp.baseline import autoregressive_generate
@@ -101,6 +103,60 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
     ids = torch.tensor([PROMPTS[0]])
     with pytest.raises(ValueError, match=match):
         plain(model, ids, max_new_tokens=8, custom_generate=lp.lookahead, **kwargs)
+
+
+def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
+    """Arguments lp cannot honour exactly raise, naming them, instead of decoding something else."""
+    from transformers import DynamicCache
+    from transformers.generation.streamers import BaseStreamer
+
+    ids, mask = left_padded(PROMPTS[:2])
+    run = lambda **kw: plain(model, ids, mask=mask, max_new_tokens=6, custom_generate=lp.lookahead, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        run(inputs_embeds=model.get_input_embeddings()(ids) * 0.5)
+    cache = DynamicCache(config=model.config)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # 5.25 / 5.17
+    model(ids[:1, :3], **{name: cache})            # a cache holding tokens lp would not read
+    with pytest.raises(ValueError, match="past_key_values"):
+        plain(model, ids[:1], max_new_tokens=6, custom_generate=lp.lookahead, **{name: cache})
+    right = torch.ones_like(mask)
+    right[0, 5:] = 0                               # row 0 padded on the right
+    with pytest.raises(ValueError, match="row 0 is not left-padded"):
+        plain(model, ids, mask=right, max_new_tokens=6, custom_generate=lp.lookahead)
+
+    class Spy(BaseStreamer):
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+    with pytest.raises(ValueError, match="batch of 2 rows"):
+        run(streamer=Spy())
+    for warpers, what in (([TopKLogitsWarper(2), TopKLogitsWarper(20)], "TopKLogitsWarper"),
+                          ([TopPLogitsWarper(0.01, min_tokens_to_keep=5)], "min_tokens_to_keep=5")):
+        with pytest.raises(ValueError, match=what):
+            model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=6, pad_token_id=0, top_k=0,
+                           logits_processor=LogitsProcessorList(warpers), custom_generate=lp.lookahead)
+
+
+def test_drop_in_returns_int64_ids_as_generate_does(model):
+    ids = torch.tensor([PROMPTS[0]], dtype=torch.int32)
+    out = plain(model, ids, max_new_tokens=6, custom_generate=lp.lookahead)
+    assert out.dtype == torch.long and out.tolist() == plain(model, ids.long(), max_new_tokens=6).tolist()
+
+
+def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
+    tokenizer = TinyTokenizer(98)
+    model98 = tiny_random_llama(vocab=98, seed=4).model.double()
+    full = lp.generate(model98, "hello world, hello", tokenizer=tokenizer, max_new_tokens=24)[0].text
+    stop = full[7:9]
+    one = lp.generate(model98, "hello world, hello", tokenizer=tokenizer, max_new_tokens=24, stop_strings=stop)[0]
+    listed = lp.generate(model98, "hello world, hello", tokenizer=tokenizer, max_new_tokens=24, stop_strings=[stop])[0]
+    assert one.token_ids == listed.token_ids and one.finish_reason == "stop"
+    with pytest.raises(ValueError, match="temperature > 0"):
+        lp.generate(model, PROMPTS[0], do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int"):
+        lp.generate(model, PROMPTS[0], max_new_tokens=1.5)
 
 
 def test_generate_text_ids_and_stop_strings(model):

@@ -204,6 +204,13 @@ def _cache_kwarg(forward_cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def given_cache_tokens(model_kwargs: dict) -> int:
+    """How many tokens a caller's cache in generate's `model_kwargs` holds (under either name this
+    transformers range uses; generate puts a fresh, empty one there itself)."""
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    return int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+
+
 def forward(model, cache, **kwargs):
     """`model(**kwargs)` with `cache` passed under the name this transformers knows."""
     kwargs[_cache_kwarg(type(model))] = cache
