@@ -56,6 +56,30 @@ _REFUSED_OPTIONS = (("num_beams", 1, "beam search"), ("num_return_sequences", 1,
                     ("output_hidden_states", False, "hidden states in the output"))
 
 
+# the generate option behind each logits processor or stopping criterion lp refuses, for its message
+_OPTION_OF = {
+    "RepetitionPenaltyLogitsProcessor": "repetition_penalty", "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
+    "NoBadWordsLogitsProcessor": "bad_words_ids", "SuppressTokensLogitsProcessor": "suppress_tokens",
+    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
+    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id", "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
+    "SequenceBiasLogitsProcessor": "sequence_bias", "MinLengthLogitsProcessor": "min_length or min_new_tokens",
+    "MinNewTokensLengthLogitsProcessor": "min_new_tokens", "LogitNormalization": "renormalize_logits",
+    "MinPLogitsWarper": "min_p", "TypicalLogitsWarper": "typical_p", "EpsilonLogitsWarper": "epsilon_cutoff",
+    "EtaLogitsWarper": "eta_cutoff", "ClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
+    "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
+    "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
+    "InfNanRemoveLogitsProcessor": "remove_invalid_values", "MaxTimeCriteria": "max_time",
+    "StopStringCriteria": "stop_strings",
+}
+
+
+def _named(obj) -> str:
+    """A processor's or criterion's class, with the generate option that made it where there is one."""
+    name = type(obj).__name__
+    return f"{name} ({_OPTION_OF[name]})" if name in _OPTION_OF else name
+
+
 def lookahead_params(**keys) -> LookaheadParams:
     """The job config's lookahead section (JOB_LOOKAHEAD) with `keys` over it; TypeError for a key lp does
     not have, ValueError for a value out of range."""
@@ -101,7 +125,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     sampling = _sampling(logits_processor or [], bool(config.do_sample))
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
-            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {type(criterion).__name__}: it "
+            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it "
                              f"stops at max_new_tokens / max_length and eos_token_id")
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
@@ -194,7 +218,7 @@ def _sampling(processors, do_sample: bool) -> dict:
     last = -1
     for p in processors:
         if not isinstance(p, _WARPERS):
-            raise ValueError(f"lp.lookahead cannot apply the logits processor {type(p).__name__} exactly: it "
+            raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
                              f"samples with temperature, top_k and top_p only")
         kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
         keep = getattr(p, "min_tokens_to_keep", 1)

@@ -94,7 +94,9 @@ class Never(StoppingCriteria):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_beams=2), "beam search"),
-    (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
+    (dict(repetition_penalty=1.3), r"RepetitionPenaltyLogitsProcessor \(repetition_penalty\)"),
+    (dict(min_new_tokens=3), r"min_new_tokens\)"),
+    (dict(max_time=30.0), r"MaxTimeCriteria \(max_time\)"),
     (dict(output_scores=True, return_dict_in_generate=True), "scores"),
     (dict(stopping_criteria=StoppingCriteriaList([Never()])), "stopping criterion Never"),
     (dict(ngram=2), "lookahead.ngram"),
