@@ -16,7 +16,6 @@ plain greedy decoding.
 from __future__ import annotations
 
 import logging
-
 import time
 from dataclasses import dataclass
 from functools import lru_cache, partial
