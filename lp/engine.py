@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -152,6 +152,7 @@ def decode_batch(
                        "decoded one at a time (batch_size %d -> 1) to stay exact", type(model).__name__, threshold,
                        batch_size)
         batch_size = 1
+    ceiling, reencode_at = draft_ceiling(model.config), reencode_position(model.config)
     comm = comm or Comm()
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
@@ -176,8 +177,7 @@ def decode_batch(
                               f"holds (sized for prompts of up to {prompt_tokens} tokens)")
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
-                             streamer=streamer, ceiling=partial(draft_ceiling, model.config),
-                             reencode_at=reencode_position(model.config))
+                             streamer=streamer, ceiling=ceiling, reencode_at=reencode_at)
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:

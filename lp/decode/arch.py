@@ -21,7 +21,7 @@ than SDPA and eager (they ignore an explicit 4-D mask).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")     # the two that take a round's explicit 4-D float mask
@@ -131,9 +131,10 @@ def reencode_position(config) -> int | None:
     return None
 
 
-def draft_ceiling(config, position: int) -> int | None:
-    """The highest position a draft row (window cell, tree node) may take in a round whose last
-    committed token x_t is at `position` (None: no bound; `position` itself: no draft row).
+def draft_ceiling(config) -> Callable[[int], int | None]:
+    """position -> the highest position a draft row (window cell, tree node) may take in a round whose
+    last committed token x_t is at `position` (None: no bound; `position` itself: no draft row). The
+    config is read once here; the function is called every round.
 
     Plain decoding's forward holds no position past the one it predicts from; a round's must not
     reach where that changes the forward: past the context length (learned position tables such as
@@ -143,8 +144,14 @@ def draft_ceiling(config, position: int) -> int | None:
     context length, a round is plain decoding's one row; past a longrope threshold rows are free."""
     config = text_config(config)
     limit, threshold = position_limit(config), rope_threshold(config)
-    bounds = [max(t - 2, position) for t in (limit, threshold) if t is not None and (t == limit or position < t)]
-    return min(bounds) if bounds else None
+    if threshold == limit:
+        threshold = None         # dynamic RoPE: the context length already bounds it
+
+    def ceiling(position: int) -> int | None:
+        bounds = [max(t - 2, position) for t in (limit, threshold)
+                  if t is not None and (t == limit or position < t)]
+        return min(bounds) if bounds else None
+    return ceiling
 
 
 def refusal(model) -> str | None:
