@@ -110,15 +110,18 @@ def rope_threshold(config) -> int | None:
     reaches it (transformers' dynamic_rope_update), or None: "longrope" switches to its long factors at
     original_max_position_embeddings, "dynamic" rescales past max_position_embeddings."""
     config = text_config(config)
-    out = None
-    for params in _rope_types(config):
-        kind = str(params.get("rope_type", params.get("type", "")))
-        threshold = (params.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
-                                                                                None) if kind == "longrope"
-                     else getattr(config, "max_position_embeddings", None) if "dynamic" in kind else None)
-        if threshold:
-            out = threshold if out is None else min(out, threshold)
-    return out
+    thresholds = [_rope_switch(config, params) for params in _rope_types(config)]
+    return min((t for t in thresholds if t), default=None)
+
+
+def _rope_switch(config, params: dict) -> int | None:
+    """One RoPE parameter set's switch position (see rope_threshold), or None when it has none."""
+    kind = str(params.get("rope_type", params.get("type", "")))
+    if kind == "longrope":
+        return params.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    if "dynamic" in kind:
+        return getattr(config, "max_position_embeddings", None)
+    return None
 
 
 def reencode_position(config) -> int | None:
