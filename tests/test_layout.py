@@ -10,6 +10,7 @@ from lp.decode.kv_cache import RoundCache
 from lp.decode.layout import BASE, DEEP, ORDINARY, bucket, build_round, visibility
 from lp.decode.request import RoundPlan
 from lp.decode.tree import EMPTY, tree_of
+from reference import last_logits
 
 
 def name(row):
@@ -126,11 +127,6 @@ def test_empty_column_block_feeds_no_window_rows(start):
         assert len(rnd) == 2 + block_rows(start, start, len(levels)) + 2
 
 
-def causal_last_logits(model, tokens):
-    out = model(input_ids=torch.tensor([tokens]))
-    return out.logits[0, -1]
-
-
 def branch_tokens(rnd, row_index, vis):
     """The tokens a row sees, in position order: its causal branch."""
     seen = [r for j, r in enumerate(rnd.rows) if vis[row_index, j]]
@@ -182,7 +178,7 @@ def test_packed_round_equals_separate_causal_forwards(tiny_model64, prefilled, p
     for k, i in enumerate(rnd.logit_rows):
         tokens, first_pos = branch_tokens(rnd, i, vis)
         assert first_pos == past   # every branch starts right after the cached prefix
-        ref = causal_last_logits(model, prompt[:past] + tokens)
+        ref = last_logits(model, prompt[:past] + tokens)
         assert (logits[k] - ref).abs().max().item() < 1e-9, name(rnd.rows[i])
 
 

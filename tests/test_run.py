@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 from click.testing import CliRunner
 
@@ -22,6 +21,7 @@ from lp.jobs.config import CODE_COMPLETION_STOP, JOB_LOOKAHEAD, load_config
 from lp.models import LoadedModel, TinyTokenizer, load_model
 from lp.jobs.data import prompt_digest
 from lp.run import main
+from reference import full_forward_greedy
 
 TINY = "tiny-random-llama?vocab=64&seed=0"
 PROMPTS = [
@@ -55,21 +55,6 @@ def read_results(out):
     return [json.loads(line) for line in lines]
 
 
-def greedy(model, ids, steps, eos):
-    """Plain greedy decoding with full causal forwards: the reference output."""
-    ids = list(ids)
-    out = []
-    with torch.no_grad():
-        for _ in range(steps):
-            logits = model(torch.tensor([ids], device=model.device)).logits
-            token = int(logits[0, -1].argmax())
-            out.append(token)
-            ids.append(token)
-            if token in eos:
-                break
-    return out
-
-
 def test_end_to_end(job):
     config, out = job
     result = CliRunner().invoke(main, ["--config", str(config)])
@@ -94,7 +79,7 @@ def test_end_to_end(job):
         assert record["completion"] == loaded.tokenizer.decode(record["token_ids"], skip_special_tokens=True)
         assert record["response"] == record["completion"]  # not the chat mode: nothing is extracted
         # the wiring is exact: same tokens as plain greedy decoding of the same prompt ids
-        assert record["token_ids"] == greedy(loaded.model, ids, 16, set(loaded.eos_token_ids))
+        assert record["token_ids"] == full_forward_greedy(loaded.model, ids, 16, set(loaded.eos_token_ids))
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompts"] == 3 and summary["errors"] == 0 and summary["method"] == "lookahead"
@@ -185,7 +170,7 @@ def test_float32_job_runs_on_onednn_linears_unless_told_not_to(job):
     fast = load_model(TINY, dtype="float32", device="cpu", cpu_linear="onednn")
     for record, prompt in zip(read_results(out), PROMPTS):
         ids = fast.tokenizer.encode(prompt["prompt"])
-        assert record["token_ids"] == greedy(fast.model, ids, 16, set(fast.eos_token_ids))
+        assert record["token_ids"] == full_forward_greedy(fast.model, ids, 16, set(fast.eos_token_ids))
     result = runner.invoke(main, ["--config", str(config), "--fresh", "--set", "model.dtype=float32",
                                   "--set", "model.cpu_linear=torch"])
     assert result.exit_code == 0, result.output
@@ -415,7 +400,7 @@ class ChatTokenizer:
 
 def test_chat_template_wraps_the_instruction_and_opens_the_answer():
     from lp.jobs.config import load_config_dict
-    from lp.jobs.data import prompt_digest, Prompt
+    from lp.jobs.data import Prompt
     from lp.models import LoadedModel
     from lp.jobs.runner import encode_prompt
 

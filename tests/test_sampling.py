@@ -11,6 +11,7 @@ from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead
 from lp.models import tiny_random_llama
 from lp.decode.sampling import Draws, distribution, sample, try_proposals, verify_tree_sampling, warpers
 from lp.decode.tree import tree_of
+from reference import last_logits
 
 A, B, C, D = 0, 1, 2, 3
 P = torch.tensor([0.2, 0.3, 0.1, 0.4], dtype=torch.float64)
@@ -181,7 +182,7 @@ def model8():
 def exact_joint(model, prompt, temperature, top_k, top_p):
     """P(t1, t2, t3) from the model's own conditionals with the same warping."""
     warp = warpers(temperature, top_k, top_p)
-    cond = lambda seq: distribution(model(input_ids=torch.tensor([seq])).logits[0, -1], warp)  # noqa: E731
+    cond = lambda seq: distribution(last_logits(model, seq), warp)  # noqa: E731
     joint = {}
     with torch.no_grad():
         p1 = cond(prompt)
@@ -243,9 +244,8 @@ def plain_sampling(model, prompt, gen, request):
     """The reference: an autoregressive loop, one full forward per token (no cache), drawing the k-th
     new token from the model's warped distribution by inverse CDF with the request's u_k."""
     draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
-    with torch.no_grad():
-        for k in range(gen.max_new_tokens):
-            seq.append(sample(distribution(model(input_ids=torch.tensor([seq])).logits[0, -1], warp), draws.uniform(k)))
+    for k in range(gen.max_new_tokens):
+        seq.append(sample(distribution(last_logits(model, seq), warp), draws.uniform(k)))
     return seq[len(prompt):]
 
 

@@ -1,10 +1,9 @@
 """Shard plan: coverage, order, exact balance against brute force, edge cases."""
 import itertools
-import random
 
 import pytest
 
-from lp.parallel.shard import Shard, block_rows, shard_plan
+from lp.parallel.shard import block_rows, shard_plan
 
 
 def brute_force_best(world, columns, depth, lengths, ordinary):

@@ -56,7 +56,6 @@ def test_one_read_and_one_upload_per_round(model16, corpus, uploads, name, param
 
 def test_the_counter_sees_what_it_must():
     """The counting mode itself: each kind of wait is seen (so the zeros above mean something)."""
-    import torch
     x = torch.arange(4)
     with HostWaits() as waits:
         x.tolist(), x[0].item(), bool(x[1]), int(x[2]), x[x[1]], x.to("cpu"), torch.tensor([1], device="cpu")

@@ -470,7 +470,6 @@ def _measure_curve(cfg, prefix, rows_list, repeats, threads, barrier=None):
     if threads is not None:
         torch.set_num_threads(threads)
     loaded = load_model(cfg.model.name, **cfg.model.load_kwargs())
-    dev = next(loaded.model.parameters()).device
     return forward_curve(loaded.model, prefix, list(rows_list), repeats, barrier=barrier)
 
 

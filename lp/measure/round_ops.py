@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import contextmanager
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
