@@ -8,7 +8,6 @@ import json
 import signal
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
@@ -84,9 +83,10 @@ def test_splits_decode_every_task_once_like_one_worker(lp_size, reference, tmp_p
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outs
     summary = assert_like_reference(tmp_path / "out", reference, 4 // lp_size)
-    assert summary["job_prompts"] == TASKS + 1 and summary["wall_seconds"] > 0
+    assert (summary["job_prompts"], summary["job_errors"]) == (TASKS + 1, 1) and summary["wall_seconds"] > 0
     assert summary["job_tokens_per_second"] > 0 and summary["latency_max_s"] >= summary["latency_p50_s"] > 0
-    assert f"{4 // lp_size} LP group" in outs[0][0] and all(o[0] == "" for o in outs[1:])
+    assert f"{4 // lp_size} LP group" in outs[0][0] and f"{TASKS + 1} prompts (1 error) in" in outs[0][0]
+    assert all(o[0] == "" for o in outs[1:])
 
 
 def test_groups_with_their_own_job_cache_give_the_one_worker_tokens(reference, tmp_path):
@@ -206,7 +206,8 @@ def test_job_figures():
     records = [rec("a", 0, 10, 1.0), rec("b", 1, 20, 3.0), rec("c", 1, 0, 0.0, error=True), rec("d", 0, 30, 2.0)]
     f = job_figures(records, RunFacts(4.0, frozenset({"b", "c", "d"})), 2, 2)
     assert f["groups"] == [{"group": 0, "prompts": 2, "new_tokens": 40}, {"group": 1, "prompts": 2, "new_tokens": 20}]
-    assert f["job_prompts"] == 3 and f["job_prompts_per_second"] == 0.75 and f["job_tokens_per_second"] == 12.5
+    assert (f["job_prompts"], f["job_errors"]) == (3, 1)
+    assert f["job_prompts_per_second"] == 0.75 and f["job_tokens_per_second"] == 12.5
     assert (f["latency_p50_s"], f["latency_max_s"], f["dp_size"], f["lp_size"]) == (2.0, 3.0, 2, 2)
 
 

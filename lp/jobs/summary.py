@@ -100,8 +100,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: int, lp_size: int) -> dict[str, Any]:
-    """The job as a service: wall time and throughput of this run (prompts and tokens it decoded over
-    its wall time), per-request latency (decode seconds of every decoded record: p50, p95, max) and
+    """The job as a service: wall time and throughput of this run (the records it wrote, error records
+    among them and counted apart, and the tokens it decoded, over its wall time), per-request latency (decode seconds of every decoded record: p50, p95, max) and
     per-LP-group prompt and token counts (each record's `group`; records without one are group 0)."""
     latency = [r["decode_seconds"] for r in records if r["finish_reason"] != "error"]
     ran = [r for r in records if run is not None and r["task_id"] in run.task_ids]
@@ -117,6 +117,7 @@ def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: in
         "wall_seconds": wall,
         "startup_seconds": run.startup_seconds if run is not None else None,
         "job_prompts": len(ran),
+        "job_errors": sum(r["finish_reason"] == "error" for r in ran),
         "job_new_tokens": sum(r["new_tokens"] for r in ran),
         "job_prompts_per_second": len(ran) / wall if wall else None,
         "job_tokens_per_second": tokens_per_second(sum(r["new_tokens"] for r in ran), wall or 0.0),
@@ -190,8 +191,12 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
     return summary
 
 
+def _errors_note(errors: int) -> str:
+    return f" ({errors} error{'s' if errors != 1 else ''})" if errors else ""
+
+
 # what this run did (its wall time and the records it wrote: fewer after a resume)
-RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_new_tokens", "job_prompts_per_second",
+RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_errors", "job_new_tokens", "job_prompts_per_second",
                       "job_tokens_per_second"})
 # summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
@@ -249,7 +254,8 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"(generation.batch_size {cfg.generation.batch_size})",
         f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
         f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
-        f"{summary['job_prompts']} prompts in {_fmt(summary['wall_seconds'], '.1f')} s wall "
+        f"{summary['job_prompts']} prompts{_errors_note(summary['job_errors'])} in "
+        f"{_fmt(summary['wall_seconds'], '.1f')} s wall "
         f"(after {_fmt(summary['startup_seconds'], '.1f')} s of start-up), "
         f"{_fmt(summary['job_prompts_per_second'], '.2f')} prompts/s, "
         f"{_fmt(summary['job_tokens_per_second'], '.1f')} tokens/s; latency p50 "
