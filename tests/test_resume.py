@@ -181,6 +181,31 @@ def test_one_run_per_directory(tmp_path):
     again.close()
 
 
+@pytest.mark.parametrize("where, message", [
+    ("file", "output.dir {out} is a file, not a directory"),
+    ("under-a-file", "output.dir {out} cannot be used: Not a directory"),
+    ("dangling-results", "output.dir {out} cannot be used: No such file or directory ({out}/results.jsonl)"),
+])
+def test_an_unusable_output_dir_is_named(tmp_path, where, message):
+    """An output.dir that is a file, lies under a file or holds a results.jsonl link to nowhere: one
+    line naming output.dir, exit 1, nothing decoded."""
+    config = write_job(tmp_path)
+    spec = yaml.safe_load(config.read_text())
+    out = tmp_path / "out"
+    if where == "file":
+        out.write_text("")
+    elif where == "under-a-file":
+        (tmp_path / "f").write_text("")
+        out = tmp_path / "f" / "out"
+    else:
+        out.mkdir()
+        (out / "results.jsonl").symlink_to(tmp_path / "missing" / "results.jsonl")
+    spec["output"]["dir"] = str(out)
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1 and result.stderr.strip() == "error: " + message.format(out=out), result.output
+
+
 def test_append_never_duplicates(tmp_path):
     cfg = load_config(write_job(tmp_path))
     job = JobDir(cfg.output.dir)

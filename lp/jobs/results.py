@@ -79,9 +79,15 @@ class JobDir:
              prompt_hashes: Mapping[str, str] | None = None) -> None:
         """Create or resume the directory for `cfg` and open results.jsonl for appending. `prompt_hashes`
         (task id -> lp.jobs.data.prompt_digest of its prompt now): a kept record whose task's prompt
-        changed since refuses the resume as a changed config does."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        changed since refuses the resume as a changed config does. An OSError (the path is a file, a
+        part of it is not a directory, no permission, no space) becomes a JobDirError naming output.dir."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        except JobDirError:
+            raise
+        except OSError as e:
+            raise self._unusable(e) from e
         try:
             if fresh:
                 for path in (*self.result_files(), self.summary_path, self.samples_path, self.eval_path,
@@ -115,9 +121,20 @@ class JobDir:
             self.summary_path.unlink(missing_ok=True)  # summary.json exists only for a finished run
             write_atomic(self.config_path, cfg.to_yaml())
             self._results = self.results_path.open("a", encoding="utf-8")
+        except OSError as e:
+            self.close()
+            raise self._unusable(e) from e
         except BaseException:
             self.close()
             raise
+
+    def _unusable(self, e: OSError) -> JobDirError:
+        if isinstance(e, JobDirError):
+            return e
+        if self.dir.exists() and not self.dir.is_dir():
+            return JobDirError(f"output.dir {self.dir} is a file, not a directory")
+        where = f" ({e.filename})" if e.filename and Path(e.filename) != self.dir else ""
+        return JobDirError(f"output.dir {self.dir} cannot be used: {e.strerror or e}{where}")
 
     def attach(self) -> None:
         """Another LP group's leader joins the directory global rank 0 has opened: read the records
