@@ -122,7 +122,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if given_cache_tokens(model_kwargs):
         raise ValueError("lp.lookahead builds its own cache from input_ids: pass the whole sequence as input_ids "
                          "and no past_key_values")
-    sampling = _sampling(logits_processor or [], bool(config.do_sample))
+    sampling = _sampling([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
+                         bool(config.do_sample))
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
             raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it "
@@ -199,15 +200,42 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     return out
 
 
-def _generate_call() -> dict:
-    """The arguments of the `generate` call that called `lookahead` (its frame's locals), or {} when it was
-    called otherwise. transformers 5.17-5.24 keep `streamer` and `assistant_model` from a callable
-    `custom_generate`; this is where lookahead finds them (generate has already put the prompt into the
-    streamer by then)."""
+def _generate_call(depth: int = 8) -> dict:
+    """The arguments of the `generate` call that led to `lookahead` (its frame's locals): the nearest
+    `generate` frame with a `custom_generate` among the `depth` frames above lookahead's, so a user's
+    function that wraps lp.lookahead as the custom_generate finds it too; {} when there is none.
+    transformers 5.17-5.24 keep `streamer` and `assistant_model` from a callable `custom_generate`; this is
+    where lookahead finds them (generate has already put the prompt into the streamer by then)."""
     frame = sys._getframe(2)
-    if frame.f_code.co_name != "generate" or "custom_generate" not in frame.f_locals:
-        return {}
-    return {k: frame.f_locals.get(k) for k in ("streamer", "assistant_model")}
+    for _ in range(depth):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "generate" and "custom_generate" in frame.f_locals:
+            return {k: frame.f_locals.get(k) for k in ("streamer", "assistant_model")}
+        frame = frame.f_back
+    return {}
+
+
+def _no_op(processor, length: int) -> bool:
+    """Whether a processor generate built never changes a score when decoding from `length` input ids (the
+    prompt with its padding): min_new_tokens=0, a min_length the prompt already has, an empty
+    suppress_tokens, min_p=0, or no eos token to hold back."""
+    name = type(processor).__name__
+    eos = getattr(processor, "eos_token_id", None)
+    if name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor") and eos is not None \
+            and torch.as_tensor(eos).numel() == 0:
+        return True
+    if name == "MinLengthLogitsProcessor":
+        return processor.min_length <= length
+    if name == "MinNewTokensLengthLogitsProcessor":
+        return processor.min_new_tokens <= 0 or processor.prompt_length_to_skip + processor.min_new_tokens <= length
+    if name == "MinPLogitsWarper":
+        return float(processor.min_p) == 0.0
+    if name == "SuppressTokensLogitsProcessor":
+        return processor.suppress_tokens.numel() == 0
+    if name == "SuppressTokensAtBeginLogitsProcessor":
+        return processor.begin_suppress_tokens.numel() == 0 or processor.begin_index < length
+    return False
 
 
 def _sampling(processors, do_sample: bool) -> dict:

@@ -73,7 +73,7 @@ def test_drop_in_sampling_matches_the_models_joint():
     torch.manual_seed(3)
     ids = torch.tensor([PROMPT] * n)
     out = model8.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=temperature, top_k=0,
-                          top_p=top_p, max_new_tokens=NEW, pad_token_id=0, custom_generate=lp.lookahead,
+                          top_p=top_p, min_p=0.0, max_new_tokens=NEW, pad_token_id=0, custom_generate=lp.lookahead,
                           window=3, ngram=3, guesses=4, suffix_factor=0, job_cache=False)
     counts = Counter(tuple(row) for row in out[:, len(PROMPT):].tolist())
     joint = exact_joint(model8, PROMPT, temperature, 0, top_p)
@@ -105,6 +105,17 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
     ids = torch.tensor([PROMPTS[0]])
     with pytest.raises(ValueError, match=match):
         plain(model, ids, max_new_tokens=8, custom_generate=lp.lookahead, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
+                                    dict(min_length=len(PROMPTS[0])), dict(min_new_tokens=2, eos_token_id=[])])
+def test_drop_in_takes_processors_that_change_nothing(model, kwargs):
+    """A processor generate builds from a setting that cannot change a score (min_new_tokens=0, an empty
+    suppress_tokens, a min_length the prompt has, no eos to hold back) is dropped, not refused: the ids
+    are generate's with the same setting (min_p=0 under sampling: test_drop_in_sampling_matches_the_models_joint)."""
+    ids = torch.tensor([PROMPTS[0]])
+    got = plain(model, ids, max_new_tokens=12, custom_generate=lp.lookahead, **TREE, **kwargs)
+    assert torch.equal(got, plain(model, ids, max_new_tokens=12, **kwargs))
 
 
 def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
@@ -208,6 +219,12 @@ def test_a_text_streamer_prints_what_generate_prints(skip_prompt):
     drop_in = Captured(tokenizer, skip_prompt=skip_prompt)      # the streamer passed to generate itself
     plain(model98, torch.tensor([ids]), max_new_tokens=30, streamer=drop_in, custom_generate=lp.lookahead, **TREE)
     assert "".join(drop_in.pieces) == "".join(theirs.pieces)
+
+    def wrapped(model, input_ids, *args, **kwargs):      # a user's custom_generate that calls lp.lookahead
+        return lp.lookahead(model, input_ids, *args, **kwargs, **TREE)
+    through = Captured(tokenizer, skip_prompt=skip_prompt)
+    plain(model98, torch.tensor([ids]), max_new_tokens=30, streamer=through, custom_generate=wrapped)
+    assert "".join(through.pieces) == "".join(theirs.pieces)
 
 
 def test_drop_in_refuses_an_assistant_model(model):
