@@ -32,8 +32,9 @@ generator, so `torch.manual_seed` makes a call reproducible).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -47,13 +48,23 @@ from lp.jobs.config import JOB_LOOKAHEAD
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
-# generation config options that ask for another decoding than lookahead's: (name, its "off" value, what)
-_REFUSED_OPTIONS = (("num_beams", 1, "beam search"), ("num_return_sequences", 1, "several sequences per prompt"),
-                    ("penalty_alpha", None, "contrastive search"),
-                    ("prompt_lookup_num_tokens", None, "prompt lookup (assisted) decoding"),
-                    ("output_scores", False, "scores in the output"), ("output_logits", False, "logits in the output"),
-                    ("output_attentions", False, "attentions in the output"),
-                    ("output_hidden_states", False, "hidden states in the output"))
+# generation config options that ask for another decoding than lookahead's, or for more output than ids:
+# (name, whether its value (and the config) asks for it, what); an output flag without
+# return_dict_in_generate asks for nothing (generate ignores it), nor does penalty_alpha 0
+_OUTPUTS = lambda v, c: bool(v) and bool(c.return_dict_in_generate)  # noqa: E731
+_REFUSED_OPTIONS = (("num_beams", lambda v, c: v not in (None, 1), "beam search"),
+                    ("num_return_sequences", lambda v, c: v not in (None, 1), "several sequences per prompt"),
+                    ("penalty_alpha", lambda v, c: v is not None and v > 0, "contrastive search"),
+                    ("prompt_lookup_num_tokens", lambda v, c: v is not None, "prompt lookup (assisted) decoding"),
+                    ("output_scores", _OUTPUTS, "scores in the output"),
+                    ("output_logits", _OUTPUTS, "logits in the output"),
+                    ("output_attentions", _OUTPUTS, "attentions in the output"),
+                    ("output_hidden_states", _OUTPUTS, "hidden states in the output"))
+# what generate itself puts into the model keyword arguments it hands a custom_generate (and the output
+# flags, checked above); any other model input (token_type_ids, pixel_values, ...) is one lp would not feed
+_GENERATE_MODEL_KWARGS = frozenset({"attention_mask", "cache", "past_key_values", "use_cache", "logits_to_keep",
+                                    "position_ids", "cache_position", "inputs_embeds", "output_attentions",
+                                    "output_hidden_states"})
 
 
 # the generate option behind each logits processor or stopping criterion lp refuses, for its message
@@ -110,9 +121,10 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         raise ValueError("lp.lookahead drafts without an assistant model: drop assistant_model")
     streamer = streamer if streamer is not None else caller.get("streamer")
     config = generation_config if generation_config is not None else model.generation_config
-    for key, off, what in _REFUSED_OPTIONS:
+    for key, asks, what in _REFUSED_OPTIONS:
         value = getattr(config, key, None)
-        if value is not None and value != off:
+        value = model_kwargs.get(key) if value is None else value     # 5.25 passes some output flags there
+        if asks(value, config):
             raise ValueError(f"lp.lookahead cannot do {what} ({key}={value!r})")
     if getattr(config, "stop_strings", None):
         raise ValueError("lp.lookahead gets no tokenizer from generate, so it cannot apply stop_strings: "
@@ -122,6 +134,12 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if given_cache_tokens(model_kwargs):
         raise ValueError("lp.lookahead builds its own cache from input_ids: pass the whole sequence as input_ids "
                          "and no past_key_values")
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _GENERATE_MODEL_KWARGS)
+    if extra:
+        raise ValueError(f"lp.lookahead feeds the model input_ids (and their positions) only: it cannot pass "
+                         f"{', '.join(extra)} to the model")
+    mask = model_kwargs.get("attention_mask")
+    _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
     sampling = _sampling([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
                          bool(config.do_sample))
     for criterion in stopping_criteria or []:
@@ -140,9 +158,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     seed = int(torch.randint(0, 2**62, (1,)).item()) if sampling else 0
     generation = GenerationParams(new, **sampling, seed=seed)
-    mask = model_kwargs.get("attention_mask")
     if mask is not None:
-        _check_left_padding(mask)
+        _check_left_padding(mask, pad)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"lp.lookahead streams one row: a streamer with a batch of {input_ids.shape[0]} rows is "
                          f"not supported")
@@ -168,7 +185,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
-    `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer`; a
+    `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
+    the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's); a
     `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
     lp's own options are keyword arguments with the job config's names and defaults."""
     params = lookahead_params(**lookahead_keys)
@@ -177,7 +195,9 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         raise ValueError(f"a streamer takes one prompt at a time (as generate's); got {len(batch)} prompts")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
-    if isinstance(stop_strings, str):        # one stop string, as generate takes it
+    if stop_strings is None:
+        stop_strings = ()
+    elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
         raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
@@ -219,7 +239,9 @@ def _generate_call(depth: int = 8) -> dict:
 def _no_op(processor, length: int) -> bool:
     """Whether a processor generate built never changes a score when decoding from `length` input ids (the
     prompt with its padding): min_new_tokens=0, a min_length the prompt already has, an empty
-    suppress_tokens, min_p=0, or no eos token to hold back."""
+    suppress_tokens, min_p=0, no eos token to hold back, a forced BOS after the first token, or
+    renormalize_logits (generate's last processor: a log-softmax, which moves neither the argmax nor
+    the distribution)."""
     name = type(processor).__name__
     eos = getattr(processor, "eos_token_id", None)
     if name in ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor") and eos is not None \
@@ -229,6 +251,10 @@ def _no_op(processor, length: int) -> bool:
         return processor.min_length <= length
     if name == "MinNewTokensLengthLogitsProcessor":
         return processor.min_new_tokens <= 0 or processor.prompt_length_to_skip + processor.min_new_tokens <= length
+    if name == "LogitNormalization":
+        return True
+    if name == "ForcedBOSTokenLogitsProcessor":
+        return length > 1
     if name == "MinPLogitsWarper":
         return float(processor.min_p) == 0.0
     if name == "SuppressTokensLogitsProcessor":
@@ -266,15 +292,39 @@ def _sampling(processors, do_sample: bool) -> dict:
     return dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
 
 
-def _check_left_padding(mask: torch.Tensor) -> None:
-    """Each row of `mask` is zeros then ones (left padding, as lp strips it), with at least one token."""
+def _check_left_padding(mask: torch.Tensor, pad: int | None = None) -> None:
+    """Each row of `mask` is zeros then ones (left padding, as lp strips it), with at least one token.
+    `pad`: the drop-in's pad_token_id (without a mask from the caller, generate builds one that masks
+    every pad_token_id)."""
     for b, row in enumerate(mask.bool().tolist()):
         start = row.index(True) if True in row else None
         if start is None:
             raise ValueError(f"attention_mask row {b} masks every token: nothing to decode")
         if not all(row[start:]):
-            raise ValueError(f"attention_mask row {b} is not left-padded (a masked token after a kept one): lp "
-                             f"strips left padding only; pad on the left (tokenizer.padding_side = 'left')")
+            inside = row.index(False, start)
+            generated = "" if pad is None else (
+                f". Without an attention_mask, generate masks every pad_token_id ({pad}): a prompt that holds it "
+                f"needs an attention_mask of ones")
+            raise ValueError(f"attention_mask row {b} masks position {inside}, after a kept token: lp strips left "
+                             f"padding only; pad on the left (tokenizer.padding_side = 'left'){generated}")
+
+
+def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
+    """lp numbers a row's kept tokens 0, 1, ...: position_ids other than generate's own (from the mask,
+    or 0..length-1) are refused."""
+    if position_ids is None:
+        return
+    if mask is not None:
+        default = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    else:
+        default = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+    try:
+        given, default = torch.broadcast_tensors(position_ids.to(default.device), default)
+    except RuntimeError:
+        given = None
+    if given is None or not torch.equal(given, default):
+        raise ValueError("lp.lookahead numbers each prompt's tokens from 0 (after left padding): it cannot take "
+                         "other position_ids")
 
 
 def _ids(value) -> list[int]:
@@ -286,20 +336,63 @@ def _ids(value) -> list[int]:
 
 
 def _prompt_list(prompts, tokenizer) -> list[list[int]]:
-    if isinstance(prompts, torch.Tensor):
-        prompts = prompts.tolist()
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-        prompts = [prompts]
+    """The prompts as lists of ids: a string or a list of strings (with the tokenizer); ids as a list, a
+    1-D or 2-D tensor or array, or a list of those; or a tokenizer's output (input_ids with its
+    attention_mask: left padding stripped)."""
+    if isinstance(prompts, Mapping):
+        if "input_ids" not in prompts:
+            raise ValueError(f"prompts given as a mapping need input_ids (a tokenizer's output); got the keys "
+                             f"{', '.join(map(str, prompts))}")
+        rows = [_ids_of(r) for r in _rows(prompts["input_ids"])]
+        if prompts.get("attention_mask") is not None:
+            mask = torch.as_tensor([_ids_of(r) for r in _rows(prompts["attention_mask"])])
+            _check_left_padding(mask)
+            rows = [ids[len(ids) - sum(m):] for ids, m in zip(rows, mask.tolist())]
+        prompts = rows
     out = []
-    for p in prompts:
+    for p in ([prompts] if isinstance(prompts, str) else _rows(prompts)):
         if isinstance(p, str):
             if tokenizer is None:
                 raise ValueError("text prompts need the tokenizer (tokenizer=...)")
             p = tokenizer.encode(p)
-        ids = [int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+        ids = _ids_of(p)
         if not ids:
             raise ValueError("a prompt is empty: lookahead needs at least one prompt token")
         out.append(ids)
     if not out:
         raise ValueError("no prompts given")
     return out
+
+
+def _rows(prompts) -> list:
+    """One prompt's ids (a flat sequence of ints) as a list of one; a 2-D tensor or array as its rows;
+    any other sequence as its items."""
+    if hasattr(prompts, "tolist") and not isinstance(prompts, (list, tuple)):
+        prompts = prompts.tolist()
+    if isinstance(prompts, (str, int)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a string, token ids or a list of either; got {type(prompts).__name__}")
+    prompts = list(prompts)
+    return [prompts] if prompts and _is_id(prompts[0]) else prompts
+
+
+def _ids_of(prompt) -> list[int]:
+    """One prompt's token ids from a list, a 1-D tensor or array, or a [1, n] one."""
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if isinstance(prompt, Sequence) and len(prompt) == 1 and isinstance(prompt[0], Sequence):
+        prompt = prompt[0]       # a [1, n] row, as a tokenizer returns one prompt
+    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not all(_is_id(t) for t in prompt):
+        raise ValueError(f"a prompt must be text or a flat sequence of token ids; got {_short(prompt)}")
+    return [int(t) for t in prompt]
+
+
+def _is_id(value) -> bool:
+    """An int, a numpy integer or a 0-d integer tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -16,6 +16,7 @@ import lp
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationParams
 from lp.models import TinyTokenizer, tiny_random_llama
+from lp.tiny import tiny_random
 from test_sampling import NEW, PROMPT, chi_square_p, exact_joint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +119,41 @@ def test_drop_in_takes_processors_that_change_nothing(model, kwargs):
     assert torch.equal(got, plain(model, ids, max_new_tokens=12, **kwargs))
 
 
+@pytest.mark.parametrize("kwargs", [dict(output_scores=True), dict(output_hidden_states=True),
+                                    dict(renormalize_logits=True), dict(forced_bos_token_id=1), dict(penalty_alpha=0.0)])
+def test_drop_in_takes_settings_generate_ignores_here(model, kwargs):
+    """Settings that cannot change generate's ids in this call run as generate runs them: an output flag
+    without return_dict_in_generate (generate drops it), renormalize_logits (a log-softmax), a forced BOS
+    after the first token, penalty_alpha 0; and position_ids equal to generate's own."""
+    ids, mask = left_padded(PROMPTS)
+    default = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    got = plain(model, ids, mask, max_new_tokens=10, custom_generate=lp.lookahead, position_ids=default, **kwargs)
+    assert torch.equal(got, plain(model, ids, mask, max_new_tokens=10, **kwargs))
+
+
+def test_generate_takes_the_usual_shapes_of_prompts(model):
+    """lp.generate's prompts: ids as a list, numpy array or ints, 0-d tensors, a [1, n] tensor in a list,
+    a 2-D tensor, a tokenizer's output (input_ids and a left-padding attention_mask); and a clear error
+    for what is none of these."""
+    import numpy as np
+
+    p = PROMPTS[0]
+    want = lp.generate(model, p, max_new_tokens=6)[0].token_ids
+    for prompts in (np.array(p), [np.int64(t) for t in p], list(torch.tensor(p)), [torch.tensor([p])],
+                    {"input_ids": [p]}, {"input_ids": torch.tensor([[0, 0] + p]),
+                                         "attention_mask": torch.tensor([[0, 0] + [1] * len(p)])}):
+        assert [r.token_ids for r in lp.generate(model, prompts, max_new_tokens=6)] == [want], type(prompts)
+    assert [r.token_ids for r in lp.generate(model, torch.tensor([p, p]), max_new_tokens=6)] == [want, want]
+    for bad, match in ((5, "got int"), ([1.5, 2.0], "flat sequence of token ids"), ({"ids": [p]}, "need input_ids"),
+                       ({"input_ids": [p], "attention_mask": [[1] * (len(p) - 1) + [0]]}, "after a kept token")):
+        with pytest.raises(ValueError, match=match):
+            lp.generate(model, bad, max_new_tokens=6)
+    for key, value in (("ngram", "4"), ("window", True), ("job_cache", 1)):
+        with pytest.raises(ValueError, match=f"lookahead.{key}: {value!r} must be"):
+            lp.generate(model, p, max_new_tokens=6, **{key: value})
+    assert lp.generate(model, p, max_new_tokens=6, stop_strings=None)[0].token_ids == want
+
+
 def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
     """Arguments lp cannot honour exactly raise, naming them, instead of decoding something else."""
     from transformers import DynamicCache
@@ -134,8 +170,16 @@ def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
         plain(model, ids[:1], max_new_tokens=6, custom_generate=lp.lookahead, **{name: cache})
     right = torch.ones_like(mask)
     right[0, 5:] = 0                               # row 0 padded on the right
-    with pytest.raises(ValueError, match="row 0 is not left-padded"):
+    with pytest.raises(ValueError, match="row 0 masks position 5, after a kept token"):
         plain(model, ids, mask=right, max_new_tokens=6, custom_generate=lp.lookahead)
+    inner = torch.tensor([[5, 0, 12, 5, 9, 30]])     # no mask: generate masks the pad id inside the prompt
+    with pytest.raises(ValueError, match=r"masks position 1, .*generate masks every pad_token_id \(0\)"):
+        model.generate(inner, do_sample=False, max_new_tokens=6, custom_generate=lp.lookahead)
+    gpt2 = tiny_random("gpt2", dtype=torch.float64)      # takes token_type_ids (Llama refuses them itself)
+    with pytest.raises(ValueError, match="cannot pass token_type_ids to the model"):
+        plain(gpt2, ids, mask=mask, max_new_tokens=6, custom_generate=lp.lookahead, token_type_ids=torch.zeros_like(ids))
+    with pytest.raises(ValueError, match="position_ids"):
+        run(position_ids=(mask.cumsum(-1) + 7).masked_fill(mask == 0, 0))
 
     class Spy(BaseStreamer):
         def put(self, value):
