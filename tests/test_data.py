@@ -99,6 +99,10 @@ MALFORMED = [
     ('{"task_id": "b", "prompt": ""}', "prompt is empty", "b"),
     ('{"task_id": "b", "prompt": 5}', "prompt 5", "b"),
     ('{"task_id": "a", "prompt": "again"}', "task_id 'a' appears twice (first on line 1)", "<line 3>"),
+    ('{"task_id": "b", "prompt": "ab\\ud800c"}', "prompt is not Unicode text (a lone surrogate escape, '\\ud800', "
+                                                  "at character 3)", "b"),
+    ('{"task_id": "b\\udc80", "prompt": "x"}', "is not Unicode text (a lone surrogate escape at character 2)",
+     "<line 3>"),
 ]
 
 
@@ -119,6 +123,14 @@ def test_jsonl_every_line_gets_a_distinct_task_id(tmp_path):
                                              '{"task_id": "a", "prompt": "x"}'])
     ids = [p.task_id for p in jsonl(path)]
     assert ids == ["<line 1>", "<line 2>", "a", "<line 4>"]
+
+
+def test_jsonl_a_byte_order_mark_opening_the_file_is_not_part_of_line_one(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"task_id": "a", "prompt": "x"}\n\xef\xbb\xbf{"task_id": "b", "prompt": "y"}\n')
+    prompts = jsonl(path)
+    assert (prompts[0].task_id, prompts[0].prompt, prompts[0].error) == ("a", "x", None)
+    assert prompts[1].task_id == "<line 2>" and "not valid JSON" in prompts[1].error     # only the file's start
 
 
 def test_jsonl_undecodable_bytes_are_that_lines_error(tmp_path):

@@ -131,7 +131,7 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
         return Prompt(task_id, "", error=f"{where}: {what}", line=lineno)
 
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")     # a byte order mark opens some files
     except UnicodeDecodeError as e:
         return bad(f"not UTF-8 text (byte {e.start + 1} of the line: {e.reason})")
     try:
@@ -147,6 +147,8 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
         task_id = str(task_id)
     if not isinstance(task_id, str) or not task_id:
         return bad(f"task_id {_short(task_id)} is not a non-empty string")
+    if (at := _surrogate(task_id)) is not None:
+        return bad(f"task_id {_short(task_id)} is not Unicode text (a lone surrogate escape at character {at + 1})")
     if task_id.startswith("<line "):
         return bad(f"task_id {task_id!r}: ids of the form '<line N>' are reserved for bad lines")
     if task_id in seen:
@@ -158,7 +160,19 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
         return bad(f"prompt {_short(prompt)} is not a string", task_id)
     if not prompt:
         return bad("prompt is empty", task_id)
+    if (at := _surrogate(prompt)) is not None:
+        return bad(f"prompt is not Unicode text (a lone surrogate escape, {prompt[at]!r}, at character {at + 1})",
+                   task_id)
     return Prompt(task_id, prompt, line=lineno)
+
+
+def _surrogate(text: str) -> int | None:
+    """Where JSON's \\uD800-\\uDFFF escapes left a lone surrogate in `text` (no UTF-8 encodes one), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _short(value: object, limit: int = 60) -> str:
