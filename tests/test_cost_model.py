@@ -154,3 +154,13 @@ def test_the_grid_measures_1_4_16_requests_and_the_batch_size():
     from lp.jobs.runner import curve_batches
     assert [curve_batches(b) for b in (1, 2, 4, 6, 16, 20, 64)] == [
         [1], [1, 2], [1, 4], [1, 4, 6], [1, 4, 16], [1, 4, 16, 20], [1, 4, 16, 64]]
+
+
+def test_a_batch_past_the_grids_row_cap_still_gets_its_fewest_rows(tiny_model64):
+    """batch_curve keeps at most `most` rows per probe; a batch of more requests than that (a job's
+    generation.batch_size 513 against 512) is measured at its fewest rows each, not left out (which
+    ended the job's start-up in max() of nothing)."""
+    curve = cm.batch_curve(tiny_model64, 4, [1, 3], [1, 2, 4], repeats=1, most=2)
+    assert [(p["batch"], p["rows"]) for p in curve] == [(1, 1), (1, 2), (3, 1)]
+    assert all(p["seconds"] > 0 for p in curve)
+    assert cm.batch_forward_time(curve, 3, 2) > 0

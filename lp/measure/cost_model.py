@@ -271,14 +271,15 @@ def forward_curve(model, prefix: int, rows_list: Sequence[int], repeats: int, de
 def batch_curve(model, prefix: int, batches: Sequence[int], rows_list: Sequence[int], repeats: int,
                 most: int = 512) -> list[dict]:
     """Seconds of one batched round's forward (`_probe_rounds`) for each batch size and rows per
-    request, with at most `most` rows in all: [{"batch", "rows", "seconds"}]; the fastest of
+    request, with at most `most` rows in all (a batch of more than `most` requests: its fewest rows
+    each only): [{"batch", "rows", "seconds"}]; the fastest of
     `repeats` timed passes: whatever else runs on the device only adds time (on the 2-core CPU,
     the 16-request, 1-row cell as the median of two passes read 71.6, 72.6 and 84.5 ms in three
     start-ups)."""
     device = next(model.parameters()).device
     out = []
     for b in batches:          # one batch size's cache at a time (a job holds one batch's cache)
-        runs = _probe_rounds(model, prefix, b, [r for r in rows_list if b * r <= most])
+        runs = _probe_rounds(model, prefix, b, [r for r in rows_list if b * r <= most] or [min(rows_list)])
         times = {r: [] for r in runs}
         for _ in range(repeats + 1):     # whole passes; the first warms up
             for r, run in runs.items():
