@@ -132,9 +132,19 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except PeerFailed as e:
         _fail(f"{_rank_prefix(comm)}worker failed: {e}", 1)
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
+        if _out_of_memory(e):
+            _fail(f"{_rank_prefix(comm)}out of memory ({_one_line(e)}); the results written so far are kept: "
+                  f"lower generation.batch_size or the lookahead sizes (window, guesses, ...) and run again to "
+                  f"resume", 1)
         if comm.job_world == 1:
             raise
         _fail(f"{_rank_prefix(comm)}worker failed: {_one_line(e)}", 1)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: torch's (CUDA, or the CPU allocator's RuntimeError) or Python's."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
 
 
 if __name__ == "__main__":

@@ -165,6 +165,18 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
     assert "lookahead.ngram: '5' must be an integer" in err.value.problems
 
 
+def test_lookahead_sizes_have_a_ceiling(tmp_path):
+    """Sizes past what any device holds (which overflowed the allocator's arithmetic or asked it for
+    100+ GB in a traceback) are config problems; the ceiling itself is allowed."""
+    from lp.decode.params import COUNT_KEYS, MOST_COUNT
+
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"lookahead": {key: 2**32 for key in COUNT_KEYS}}))
+    assert sorted(err.value.problems) == sorted(f"lookahead.{key}: {2**32} must be at most {MOST_COUNT}"
+                                                for key in COUNT_KEYS)
+    assert load_config(write(tmp_path, {"lookahead": {"window": MOST_COUNT}})).lookahead.window == MOST_COUNT
+
+
 def test_mistyped_key_is_reported_once(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, {"data": {"source": "jsonl", "path": 5}}))

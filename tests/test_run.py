@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 
@@ -220,6 +221,19 @@ def test_missing_prompt_file_exits_1_before_model_load(job, tmp_path):
     assert result.stderr.startswith("error: prompt file not found")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 171798691920 bytes. Error code 12 (Cannot allocate memory)\nframes..."),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), MemoryError()])
+def test_running_out_of_memory_is_one_line_that_says_what_to_lower(job, monkeypatch, error):
+    def run_job(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(lp.run, "run_job", run_job)
+    result = CliRunner().invoke(main, ["--config", str(job[0]), "--quiet"])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert result.stderr.startswith("error: out of memory (") and "lower generation.batch_size" in result.stderr
 
 
 def test_model_load_error_exits_1(job, tmp_path):

@@ -5,6 +5,14 @@ import math
 from dataclasses import dataclass, fields
 
 
+# lookahead's sizes: columns, n-gram lengths, candidates, tokens and nodes per round. A round feeds a few
+# of them multiplied, so anything near this is already more rows than a device holds; above it, sizes
+# overflow the allocator's arithmetic
+COUNT_KEYS = ("window", "ngram", "guesses", "lookup_candidates", "lookup_tokens", "lookup_ngram", "suffix_tokens",
+              "tree_budget")
+MOST_COUNT = 65536
+
+
 @dataclass
 class LookaheadParams:
     """Config section `lookahead`: where a round's candidates come from and how many.
@@ -60,7 +68,8 @@ class LookaheadParams:
         return min(deepest, self.capacity) if self.capacity else 1
 
     def problems(self) -> list[str]:
-        out = []
+        out = [f"lookahead.{key}: {getattr(self, key)!r} must be at most {MOST_COUNT}" for key in COUNT_KEYS
+               if getattr(self, key) > MOST_COUNT]
         if self.window < 0:
             out.append(f"lookahead.window: {self.window!r} must be >= 0 (0: no Jacobi window)")
         for key in ("lookup_candidates", "lookup_tokens", "lookup_ngram", "suffix_tokens", "tree_budget"):
