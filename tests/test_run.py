@@ -321,6 +321,16 @@ def test_prompt_that_leaves_no_room_for_max_new_tokens_is_an_error(tmp_path):
     assert fits["error"] is None and too_long["finish_reason"] == "error"
 
 
+def test_max_new_tokens_past_the_models_positions_is_one_line_before_any_prompt(tmp_path):
+    """No prompt can fit when generation.max_new_tokens alone fills the model's 2048 positions: one line
+    naming the key, exit 1, no record (before, every prompt became an error record)."""
+    config, out = write_job(tmp_path, [{"task_id": "a", "prompt": "abc"}], generation={"max_new_tokens": 2048})
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1 and result.stderr.startswith(
+        "error: generation.max_new_tokens=2048 leaves no room for a prompt in the 2048 positions of "), result.output
+    assert "set it below 2048" in result.stderr and read_results(out) == []
+
+
 def test_baseline_in_the_same_run(tmp_path):
     config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True})
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])

@@ -116,6 +116,9 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
             raise JobError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template "
                            f"(for a base model set data.chat_template: false)")
+        if (limit := position_limit(loaded.model.config)) is not None and cfg.generation.max_new_tokens >= limit:
+            raise JobError(f"generation.max_new_tokens={cfg.generation.max_new_tokens} leaves no room for a prompt "
+                           f"in the {limit} positions of {loaded.name}: set it below {limit}")
         logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
                     loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
