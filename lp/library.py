@@ -129,6 +129,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if getattr(config, "stop_strings", None):
         raise ValueError("lp.lookahead gets no tokenizer from generate, so it cannot apply stop_strings: "
                          "use lp.generate(..., stop_strings=..., tokenizer=...)")
+    if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids; got {input_ids.dtype}")
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("lp.lookahead decodes from input_ids: inputs_embeds is not supported")
     if given_cache_tokens(model_kwargs):

@@ -161,6 +161,8 @@ def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
 
     ids, mask = left_padded(PROMPTS[:2])
     run = lambda **kw: plain(model, ids, mask=mask, max_new_tokens=6, custom_generate=lp.lookahead, **kw)  # noqa: E731
+    with pytest.raises(ValueError, match="integer token ids; got torch.float32"):
+        plain(model, ids.float(), mask=mask, max_new_tokens=6, custom_generate=lp.lookahead)
     with pytest.raises(ValueError, match="inputs_embeds"):
         run(inputs_embeds=model.get_input_embeddings()(ids) * 0.5)
     cache = DynamicCache(config=model.config)
