@@ -334,8 +334,9 @@ def position_case(name):
 
 def position_reference(name, model, prompt, new):
     """generate's ids; for Phi-3 across its re-encode, those of a full forward per token where the two
-    differ (they agree on 5.25): transformers 5.17's re-encode step drops the cache but still feeds only the last token (its
-    generic prepare_inputs_for_generation slices by next_sequence_length; 5.25 clears that), so there
+    differ (they agree on 5.25): transformers 5.17's re-encode step drops the cache but still feeds
+    only the last token (its generic prepare_inputs_for_generation slices by next_sequence_length;
+    5.25 clears that), so there
     generate itself is not the model's computation."""
     reference = generate(model, prompt, new)
     if name == "phi3-longrope-reencode":

@@ -120,7 +120,8 @@ def test_drop_in_takes_processors_that_change_nothing(model, kwargs):
 
 
 @pytest.mark.parametrize("kwargs", [dict(output_scores=True), dict(output_hidden_states=True),
-                                    dict(renormalize_logits=True), dict(forced_bos_token_id=1), dict(penalty_alpha=0.0)])
+                                    dict(renormalize_logits=True), dict(forced_bos_token_id=1),
+                                    dict(penalty_alpha=0.0)])
 def test_drop_in_takes_settings_generate_ignores_here(model, kwargs):
     """Settings that cannot change generate's ids in this call run as generate runs them: an output flag
     without return_dict_in_generate (generate drops it), renormalize_logits (a log-softmax), a forced BOS
@@ -179,7 +180,8 @@ def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
         model.generate(inner, do_sample=False, max_new_tokens=6, custom_generate=lp.lookahead)
     gpt2 = tiny_random("gpt2", dtype=torch.float64)      # takes token_type_ids (Llama refuses them itself)
     with pytest.raises(ValueError, match="cannot pass token_type_ids to the model"):
-        plain(gpt2, ids, mask=mask, max_new_tokens=6, custom_generate=lp.lookahead, token_type_ids=torch.zeros_like(ids))
+        plain(gpt2, ids, mask=mask, max_new_tokens=6, custom_generate=lp.lookahead,
+              token_type_ids=torch.zeros_like(ids))
     with pytest.raises(ValueError, match="position_ids"):
         run(position_ids=(mask.cumsum(-1) + 7).masked_fill(mask == 0, 0))
 

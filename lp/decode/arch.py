@@ -118,7 +118,8 @@ def _rope_switch(config, params: dict) -> int | None:
     """One RoPE parameter set's switch position (see rope_threshold), or None when it has none."""
     kind = str(params.get("rope_type", params.get("type", "")))
     if kind == "longrope":
-        return params.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+        return (params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None))
     if "dynamic" in kind:
         return getattr(config, "max_position_embeddings", None)
     return None

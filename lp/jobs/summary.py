@@ -101,8 +101,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: int, lp_size: int) -> dict[str, Any]:
     """The job as a service: wall time and throughput of this run (the records it wrote, error records
-    among them and counted apart, and the tokens it decoded, over its wall time), per-request latency (decode seconds of every decoded record: p50, p95, max) and
-    per-LP-group prompt and token counts (each record's `group`; records without one are group 0)."""
+    among them and counted apart, and the tokens it decoded, over its wall time), per-request latency
+    (decode seconds of every decoded record: p50, p95, max) and per-LP-group prompt and token counts
+    (each record's `group`; records without one are group 0)."""
     latency = [r["decode_seconds"] for r in records if r["finish_reason"] != "error"]
     ran = [r for r in records if run is not None and r["task_id"] in run.task_ids]
     wall = run.wall_seconds if run is not None else None
@@ -196,8 +197,8 @@ def _errors_note(errors: int) -> str:
 
 
 # what this run did (its wall time and the records it wrote: fewer after a resume)
-RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_errors", "job_new_tokens", "job_prompts_per_second",
-                      "job_tokens_per_second"})
+RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_errors", "job_new_tokens",
+                      "job_prompts_per_second", "job_tokens_per_second"})
 # summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
                          "baseline_tokens_per_second", "speedup", "latency_p50_s", "latency_p95_s",
