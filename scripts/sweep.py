@@ -42,6 +42,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,10 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
             raise SweepError(f"{path}: grid.{key} is an empty list")
         if key not in SPECIAL and len(key.split(".")) != 2:
             raise SweepError(f"{path}: grid key {key!r} must be world_size, lp_size or section.key")
+    wrong = [v for v in grid.get("world_size", []) if not isinstance(v, int) or isinstance(v, bool)]
+    if wrong:
+        raise SweepError(f"{path}: grid.world_size values must be integers (workers per point); got "
+                         f"{', '.join(map(repr, wrong))}")
     return base, grid, raw.get("output")
 
 
@@ -140,7 +145,7 @@ def point_config(base: dict, point: dict, out_dir: Path) -> dict:
 def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) -> tuple[str, str | None, bool]:
     """(status, error, skipped) of one point."""
     point_dir = Path(raw["output"]["dir"])
-    if (point_dir / "summary.json").is_file():
+    if finished(point_dir):
         return "ok", None, True
     cfg_path = out / "points" / f"{name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,15 +168,47 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "lp.run", "--config", str(cfg_path), "--quiet"]
+    # its own session: on a timeout (or Ctrl-C here) the whole group goes, torchrun's workers with it
+    proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, cwd=os.getcwd(), capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        log.write_text(f"$ {' '.join(cmd)}\n{e.stdout or ''}\n{e.stderr or ''}", encoding="utf-8")
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        stdout, stderr = proc.communicate()
+        log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
         return "failed", f"timed out after {timeout_s:.0f} s", False
-    log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}", encoding="utf-8")
-    if proc.returncode == 0 and (point_dir / "summary.json").is_file():
+    except BaseException:
+        stop_group(proc)
+        raise
+    log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
+    if proc.returncode == 0 and finished(point_dir):
         return "ok", None, False
-    return "failed", last_error_line(proc.stderr) or f"exit status {proc.returncode}", False
+    return "failed", last_error_line(stderr) or f"exit status {proc.returncode}", False
+
+
+def finished(point_dir: Path) -> bool:
+    """A point whose job wrote its summary with at least one decoded prompt (lp.run also writes the
+    summary of a job whose every prompt was an error, and exits 1)."""
+    try:
+        summary = json.loads((point_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("errors", 0) < summary.get("prompts", 0)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the point's process group (lp.run keeps its records and exits), SIGKILL after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def last_error_line(stderr: str) -> str | None:
@@ -260,13 +297,15 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
 
     ok = [r for r in rows if r["status"] == "ok"]
     others = [k for k in grid if k not in SPECIAL]
+    split = "lp_size" in grid and len(grid["lp_size"]) > 1     # one line per split along world size
+    labelled = (["lp_size"] if split else []) + others
 
     def series(ykey):
         groups: dict[str, list[tuple[float, float]]] = {}
         for r in ok:
             if r.get(ykey) in (None, ""):
                 continue
-            label = ", ".join(f"{k}={r[k]}" for k in others) or ykey
+            label = ", ".join(f"{k}={r[k]}" for k in labelled) or ykey
             groups.setdefault(label, []).append((float(r["world_size"]), float(r[ykey])))
         return {k: sorted(v) for k, v in groups.items()}
 
@@ -283,7 +322,7 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
             base = series("baseline_tokens_per_second")
             for label, pts in base.items():
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x", linestyle="--",
-                        label=f"autoregressive ({label})" if others else "autoregressive")
+                        label=f"autoregressive ({label})" if labelled else "autoregressive")
         if ykey == "speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8)
         _finish(ax, fig, xlabel, ylabel, title, out / filename, paths)
@@ -337,9 +376,11 @@ def latency_table(rows: list[dict]) -> str:
     for r in rows:
         if r["status"] != "ok" or r.get("wall_seconds") is None:
             continue
-        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {r['wall_seconds']:>6.2f} "
-                     f"{r['job_prompts_per_second']:>10.2f} {r['job_tokens_per_second']:>9.1f} "
-                     f"{r['latency_p50_s']:>14.3f} {r['latency_p95_s']:>6.3f} {r['latency_max_s']:>6.3f}")
+        f = lambda key, width, digits: (f"{r[key]:>{width}.{digits}f}" if r.get(key) is not None  # noqa: E731
+                                        else f"{'-':>{width}}")
+        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {f('wall_seconds', 6, 2)} "
+                     f"{f('job_prompts_per_second', 10, 2)} {f('job_tokens_per_second', 9, 1)} "
+                     f"{f('latency_p50_s', 14, 3)} {f('latency_p95_s', 6, 3)} {f('latency_max_s', 6, 3)}")
     return "\n".join(lines)
 
 
@@ -384,7 +425,11 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
         click.echo(f"error: {e}", err=True)
         raise SystemExit(2)
     out = Path(output or file_output or Path("runs/sweeps") / config_path.stem)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        click.echo(f"error: sweep directory {out} cannot be used: {e.strerror or e}", err=True)
+        raise SystemExit(1)
     rows, start = [], time.perf_counter()
     all_points = points(grid)
     for i, point in enumerate(all_points, 1):

@@ -1,5 +1,6 @@
 """scripts/sweep.py: a two-point CPU sweep (P = 1 and 2, tiny model), its CSV, plots and cost model
-figures; a rerun does no work; a failing point is recorded and the others still run."""
+figures; a rerun does no work; a failing point is recorded and the others still run (and stays failed
+on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused."""
 import csv
 import json
 import subprocess
@@ -28,9 +29,9 @@ def close(value):
     return pytest.approx(value, rel=1e-4, abs=1e-5)
 
 
-def sweep(tmp, grid, *extra):
+def sweep(tmp, grid, *extra, base=BASE):
     spec = tmp / "sweep.yaml"
-    spec.write_text(yaml.safe_dump({"base": BASE, "grid": grid}))
+    spec.write_text(yaml.safe_dump({"base": base, "grid": grid}))
     out = tmp / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec),
                            "--output", str(out), *extra], capture_output=True, text=True, timeout=600, cwd=tmp)
@@ -120,3 +121,64 @@ def test_lp_size_grid_key_gives_one_latency_throughput_point_per_split(tmp_path)
     line = next(line for line in stdout.splitlines() if line.startswith("P2_L1"))
     assert line.split()[1:4] == ["2", "x", "1"]
     assert (out / "latency_vs_throughput.png").stat().st_size > 0
+
+
+def test_a_point_that_decodes_nothing_stays_failed_on_a_rerun(tmp_path):
+    """lp.run writes the summary of a job whose every prompt is an error record (and exits 1): a rerun
+    does not take that summary for a finished point, and the latency table shows it without figures."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"task_id": "e", "prompt": ""}\n')
+    for _ in range(2):
+        out, stdout, rows = sweep(tmp_path, {"world_size": [1]}, "--no-cost-model",
+                                  base={**BASE, "data": {"source": "jsonl", "path": str(empty)}})
+        assert [r["status"] for r in rows] == ["failed"], stdout
+        assert "no prompt could be decoded" in rows[0]["error"] and "skip" not in stdout
+
+
+@pytest.mark.parametrize("values", [["two"], 1.5, [True]])
+def test_a_world_size_that_is_not_an_integer_is_refused(tmp_path, values):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": BASE, "grid": {"world_size": values}}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "must be integers" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_timed_out_point_leaves_no_worker_running(tmp_path):
+    """--timeout stops the point's whole process group (torchrun and its workers), not torchrun alone."""
+    slow = {**BASE, "generation": {"max_new_tokens": 4000, "stop": []}, "baseline": {"enabled": False},
+            "data": {**BASE["data"], "limit": 3}}
+    out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8", base=slow)
+    assert rows[0]["status"] == "failed" and "timed out after 8 s" in rows[0]["error"]
+    marker = str(out / "points")
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if proc.name.isdigit() and marker in cmdline:
+            alive.append(cmdline)
+    assert alive == []
+
+
+def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
+    """With several lp_size values the speedup and tokens/s plots label each split's line (they drew
+    P2_L1 and P2_L2 as one unlabelled line)."""
+    import importlib.util
+
+    import matplotlib.axes
+
+    spec = importlib.util.spec_from_file_location("sweep_script", ROOT / "scripts" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    labels = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **kw: labels.append(kw.get("label")) or real(self, *a, **kw))
+    rows = [{"point": f"P{p}_L{lp}", "status": "ok", "world_size": p, "lp_size": lp, "dp_size": p // lp,
+             "speedup": 1.0 + p / lp, "tokens_per_second": 10.0 * p, "baseline_tokens_per_second": 9.0}
+            for p, lp in ((1, 1), (2, 1), (2, 2))]
+    module.plot(rows, {"world_size": [1, 2], "lp_size": [1, 2]}, tmp_path)
+    assert {"lp_size=1", "lp_size=2"} <= set(labels)
