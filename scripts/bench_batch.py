@@ -64,12 +64,14 @@ from typing import Any
 import click
 import torch
 
+from bench_util import writable_file
+from lp.decode.arch import position_limit
 from lp.decode.propose import job_cache
 from lp.decode.stopping import StopChecker
 from lp.engine import BatchStats, LookaheadParams, decode_batch
 from lp.jobs.config import ConfigError, load_config
 from lp.jobs.data import DataError, load_prompts, request_id
-from lp.jobs.runner import budget_kwargs, measure_costs, prompt_ids
+from lp.jobs.runner import budget_kwargs, encode_prompt, measure_costs
 from lp.jobs.summary import percentile
 from lp.models import ModelLoadError, load_model
 
@@ -312,7 +314,8 @@ def fmt(value, spec: str) -> str:
 @click.option("--no-drafts-batches", "plain_batches", default=None,
               help="lp no drafts batch sizes (default: --batches; 'none': skip them)")
 @click.option("--threads", default=2, show_default=True, help="torch CPU threads (0: leave as is)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="also write every figure")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+              help="also write every figure")
 def main(config_path, overrides, limit, batches, generate_batches, cb_batches, plain_batches, threads,
          json_path):
     if threads:
@@ -342,7 +345,16 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
         raise click.ClickException(str(e))
     if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
         raise click.UsageError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
-    prompts = [{"task_id": p.task_id, "ids": prompt_ids(p.prompt, loaded.tokenizer, cfg.data)} for p in selected]
+    limit = position_limit(loaded.model.config)
+    prompts = []
+    for p in selected:        # what a job would record as an error is left out of the comparison
+        ids, error = encode_prompt(p, loaded, cfg, limit)
+        if error is None:
+            prompts.append({"task_id": p.task_id, "ids": ids})
+        else:
+            click.echo(f"  left out {p.task_id}: {error}", err=True)
+    if not prompts:
+        raise click.UsageError(f"none of the {len(selected)} selected prompts can be decoded (see above)")
     bench = Bench(cfg, loaded, prompts)
 
     bench.warm_up(cfg.lookahead, max(lp_sizes))

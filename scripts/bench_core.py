@@ -56,14 +56,14 @@ import torch
 import dataclasses
 
 import yaml
-from bench_util import generate, suffix_decoding_peer
+from bench_util import generate, suffix_decoding_peer, writable_file
 from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
 from lp.jobs.config import DataSection
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
-from lp.models import load_model
+from lp.models import ModelLoadError, load_model
 
 KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}
 
@@ -81,6 +81,12 @@ def parse_configs(text: str) -> list[LookaheadParams]:
         if len(values) not in (3, 6) or not set(named) <= KEYS:
             raise click.BadParameter(f"{item!r}: expected W,N,G or W,N,G,L,K,M, then key=value for other "
                                      f"lookahead keys ({', '.join(sorted(KEYS))})", param_hint="--configs")
+        positional = ["window", "ngram", "guesses", *(["lookup_candidates", "lookup_tokens", "lookup_ngram"]
+                                                      if len(values) == 6 else [])]
+        twice = sorted(set(named) & {*positional, "pool_seeding"})
+        if twice:
+            raise click.BadParameter(f"{item!r}: {', '.join(twice)} given by position already (pool_seeding: by "
+                                     f"--seeding)", param_hint="--configs")
         w, n, g, *lookup = values
         lc, k, m = lookup or (0, 10, 3)
         out.append(LookaheadParams(w, n, g, True, lc, k, m, **{key: yaml.safe_load(v) for key, v in named.items()}))
@@ -140,7 +146,8 @@ def label(p: LookaheadParams) -> str:
               show_default=True, help="the linear kernels of the model every system shares (lp.models."
                                       "use_onednn_linears); with onednn, plain decoding also runs on a stock copy")
 @click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="also write the figures as JSON")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+              help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
          temperature, top_k, top_p, suffix_peer, compile_mode, cpu_linear, threads, json_out):
     if threads:
@@ -167,7 +174,10 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
         cpu_linear = "torch"
     # every system shares one model with `cpu_linear` kernels; with onednn plain decoding also runs on a
     # stock copy, so the same run shows what the kernels alone give
-    loaded = load_model(model_name, dtype, device, cpu_linear=cpu_linear)
+    try:
+        loaded = load_model(model_name, dtype, device, cpu_linear=cpu_linear)
+    except ModelLoadError as e:
+        raise click.ClickException(str(e))
     model, tok, eos, kernels = loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.linear_kernels
     stock = load_model(model_name, dtype, device).model if kernels == "onednn" else model
     prompts = bench_prompts(data, data_path, chat, limit, tok)

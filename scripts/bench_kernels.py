@@ -18,6 +18,7 @@ import json
 import click
 import torch
 
+from bench_util import writable_file
 from lp.measure.cost_model import forward_curve
 from lp.models import load_model
 
@@ -29,7 +30,7 @@ from lp.models import load_model
 @click.option("--prefix", default=400, show_default=True, help="cached tokens before the round")
 @click.option("--repeats", default=7, show_default=True, help="timed passes over the row counts (median)")
 @click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None)
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file)
 def main(model_name, dtype, rows, prefix, repeats, threads, json_out):
     if threads:
         torch.set_num_threads(threads)

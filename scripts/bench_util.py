@@ -1,11 +1,27 @@
-"""Baselines the benchmark scripts share: transformers `generate` with its target forwards
-and their rows counted, so S and rows per round compare across systems."""
+"""What the benchmark scripts share: transformers `generate` with its target forwards and their rows
+counted, so S and rows per round compare across systems; the check of an output file's path."""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import NamedTuple
 
+import click
 import torch
+
+
+def writable_file(ctx, param, value):
+    """click callback of a file option the script writes at its end: the path is checked before the
+    benchmark runs (a long run must not end in a traceback and no figures)."""
+    if value is None:
+        return value
+    path = Path(value)
+    parent = path.parent
+    if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK) or \
+            (path.exists() and not os.access(path, os.W_OK)):
+        raise click.BadParameter(f"{value}: cannot write a file there (its directory must exist and be writable)")
+    return value
 
 
 class ForwardCounter:

@@ -77,3 +77,23 @@ def test_bench_batch_can_leave_the_no_drafts_columns_out(tmp_path):
     assert [s["system"] for s in report["systems"]] == ["generate 1", "lp lookahead 1"]
     assert report["ratios"]["lp_lookahead_over_no_drafts"] == {} and "lp no drafts" not in proc.stdout
     assert report["systems"][1]["ids_equal"] == 1
+
+
+def test_bench_batch_leaves_out_prompts_a_job_could_not_decode(tmp_path):
+    """A prompt a job would record as an error (here an empty one) is left out with its reason; with
+    nothing left the command is a usage error, not a traceback from generate."""
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"task_id": "e", "prompt": ""}\n{"task_id": "a", "prompt": "abcabc"}\n')
+    base = [sys.executable, str(ROOT / "scripts" / "bench_batch.py"), "--set", "model.name=tiny-random-llama?vocab=64",
+            "--set", "data.source=jsonl", "--set", "data.chat_template=false", "--set", "generation.max_new_tokens=4",
+            "--set", "generation.stop=[]", "--batches", "1", "--generate-batches", "1", "--cb-batches", "none",
+            "--no-drafts-batches", "none"]
+    run = lambda *more: subprocess.run([*base, *more], env=dict(os.environ, PYTHONPATH=str(ROOT)),  # noqa: E731
+                                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = run("--set", f"data.path={data}")
+    assert proc.returncode == 0 and "left out e: p.jsonl:1: prompt is empty" in proc.stderr, proc.stderr[-3000:]
+    only_empty = tmp_path / "e.jsonl"
+    only_empty.write_text('{"task_id": "e", "prompt": ""}\n')
+    proc = run("--set", f"data.path={only_empty}")
+    assert proc.returncode == 2 and "none of the 1 selected prompts can be decoded" in proc.stderr
+    assert "Traceback" not in proc.stderr

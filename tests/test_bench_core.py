@@ -97,6 +97,8 @@ def test_bench_core_on_classeval_prompts(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--data", "classeval", "--data-path", "nope.json"], "ClassEval file not found"),
     (["--chat"], "no chat template"),                                         # the tiny model is not an instruct model
+    (["--configs", "3,3,3,window=5"], "window given by position already"),
+    (["--json-out", "missing-dir/core.json"], "cannot write a file there"),  # before the run, not after it
 ])
 def test_bench_core_data_errors_are_usage_errors(tmp_path, args, needle):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
@@ -104,3 +106,12 @@ def test_bench_core_data_errors_are_usage_errors(tmp_path, args, needle):
     proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_core_unknown_model_is_one_error_line(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "no-such-model", "--limit", "1",
+           "--configs", "3,3,3"]
+    proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1 and "cannot load model 'no-such-model'" in proc.stderr
+    assert "Traceback" not in proc.stderr
