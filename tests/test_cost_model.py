@@ -137,6 +137,26 @@ def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
                                                              ["8", "x", "1"]]
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--curve", "{missing}"], "--curve: cannot read {missing}: No such file or directory"),
+    (["--curve", "{bad}"], "--curve: cannot read {bad}: Expecting"),
+    (["--curve", "{curve}", "--summary", "{missing}"], "--summary: cannot read {missing}"),
+    (["--curve", "{curve}", "--compression", "0", "--rows", "8", "--tokens", "9"], "--compression: must be > 0"),
+    (["--curve", "{curve}", "--compression", "2", "--rows", "8", "--tokens", "9", "--world", "0"],
+     "--world: 0 must be >= 1"),
+])
+def test_cost_model_command_errors_are_one_line(tmp_path, capsys, args, message):
+    """Unreadable files, a zero figure (it read as missing) and no workers: argparse's one-line error, exit 2."""
+    import json
+
+    paths = {"missing": tmp_path / "none.json", "bad": tmp_path / "bad.json", "curve": tmp_path / "curve.json"}
+    paths["bad"].write_text("{")
+    paths["curve"].write_text(json.dumps(line(0.02, 0.00001)))
+    with pytest.raises(SystemExit) as exit_:
+        cm.main([a.format(**paths) for a in args])
+    assert exit_.value.code == 2 and message.format(**paths) in capsys.readouterr().err
+
+
 def test_batched_forward_time_reads_between_measured_batch_sizes():
     """The row budget's grid measures a few request counts (lp.jobs.runner.curve_batches); the sizes
     between are read linearly from the two on either side, at the same rows per request."""

@@ -499,24 +499,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--verify-ms", type=float, default=0.0)
     ap.add_argument("--gather-ms", type=float, default=0.05, help="all-gather ms per doubling of the group")
     a = ap.parse_args(argv)
-    with open(a.curve, encoding="utf-8") as f:
-        curve = find_curve(json.load(f))
+
+    def read(option: str, path: str):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"{option}: cannot read {path}: {getattr(e, 'strerror', None) or e}")
+    curve = find_curve(read("--curve", a.curve))
     if not curve:
         ap.error(f"--curve: no forward curve in {a.curve}")
-    s = {}
-    if a.summary:
-        with open(a.summary, encoding="utf-8") as f:
-            s = json.load(f)
+    s = read("--summary", a.summary) if a.summary else {}
+    if not isinstance(s, dict):
+        ap.error(f"--summary: {a.summary} is not a job's summary.json")
+    if a.world < 1:
+        ap.error(f"--world: {a.world} must be >= 1")
     decoded = (s.get("prompts") or 0) - (s.get("errors") or 0)
+    given = lambda value, fallback: value if value is not None else fallback  # noqa: E731  (0 is a value)
     figures = {
-        "compression": a.compression or s.get("compression"),
-        "rows": a.rows or s.get("rows_per_round"),
-        "tokens": a.tokens or (s["new_tokens"] / decoded if decoded else None),
-        "host_ms": a.host_ms if a.host_ms is not None else s.get("host_ms_per_round") or 0.0,
+        "compression": given(a.compression, s.get("compression")),
+        "rows": given(a.rows, s.get("rows_per_round")),
+        "tokens": given(a.tokens, s["new_tokens"] / decoded if decoded and "new_tokens" in s else None),
+        "host_ms": given(a.host_ms, s.get("host_ms_per_round") or 0.0),
     }
     missing = [k for k, v in figures.items() if v is None]
     if missing:
         ap.error(f"give --summary or --{' --'.join(missing)}")
+    wrong = [k for k in ("compression", "rows", "tokens") if not figures[k] > 0]
+    if wrong:
+        ap.error(f"--{' --'.join(wrong)}: must be > 0 (got {', '.join(str(figures[k]) for k in wrong)})")
     rows = project_splits(curve, a.world, figures["compression"], figures["rows"], figures["tokens"],
                           figures["host_ms"] / 1000, a.verify_ms / 1000, a.gather_ms / 1000)
     print(f"{a.world} workers, S = {figures['compression']:.3f}, {figures['rows']:.1f} rows/round on one worker, "
