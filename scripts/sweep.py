@@ -14,9 +14,10 @@ A sweep file is
 
 Each point's job config is written to DIR/points/<point>.yaml with output.dir DIR/points/<point>, and run
 as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --config ... --quiet`
-(PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A point
-whose summary.json exists is skipped (a rerun does no work); a point that fails is recorded as failed
-with its error and the sweep goes on. DIR/sweep.csv gets one row per point, and DIR holds
+(PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A
+finished point (its summary.json counts a decoded prompt) is skipped (a rerun does no work); a point that
+fails is recorded as failed with its error and the sweep goes on; one that runs past --timeout is stopped
+with its whole process group (torchrun and its workers). DIR/sweep.csv gets one row per point, and DIR holds
 speedup_vs_world_size.png, compression_vs_rows.png, tokens_per_second_vs_world_size.png and
 latency_vs_throughput.png (per-request latency p50, with p95, against job tokens/s over the wall time:
 one point per (world_size, lp_size) split). A point whose lp_size does not divide its world size is
@@ -439,7 +440,7 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
         status, error, skipped = run_point(name, point, raw, out, timeout_s)
         row = {**point, "point": name, "status": status, "error": error}
         if skipped:
-            click.echo(f"[{i}/{len(all_points)}] {name}: skip (summary.json exists)")
+            click.echo(f"[{i}/{len(all_points)}] {name}: skip (finished)")
         else:
             click.echo(f"[{i}/{len(all_points)}] {name}: {status} in {time.perf_counter() - t0:.1f} s"
                        + (f": {error}" if error else ""))
