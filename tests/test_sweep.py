@@ -147,8 +147,10 @@ def test_a_world_size_that_is_not_an_integer_is_refused(tmp_path, values):
 
 def test_a_timed_out_point_leaves_no_worker_running(tmp_path):
     """--timeout stops the point's whole process group (torchrun and its workers), not torchrun alone."""
-    slow = {**BASE, "generation": {"max_new_tokens": 4000, "stop": []}, "baseline": {"enabled": False},
-            "data": {**BASE["data"], "limit": 3}}
+    many = tmp_path / "many.jsonl"        # a minute or more of decoding (EOS ends each prompt early): cut at 8 s
+    many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
+    slow = {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
+            "data": {"source": "jsonl", "path": str(many), "limit": None}}
     out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8", base=slow)
     assert rows[0]["status"] == "failed" and "timed out after 8 s" in rows[0]["error"]
     marker = str(out / "points")
