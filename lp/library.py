@@ -43,7 +43,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.engine import GenerationResult, lookahead_generate
-from lp.jobs.config import JOB_LOOKAHEAD
+from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -97,7 +97,10 @@ def lookahead_params(**keys) -> LookaheadParams:
     unknown = sorted(set(keys) - set(LOOKAHEAD_KEYS))
     if unknown:
         raise TypeError(f"unknown lookahead option(s) {', '.join(unknown)}; lp's are {', '.join(LOOKAHEAD_KEYS)}")
-    params = LookaheadParams(**{**JOB_LOOKAHEAD, **keys})
+    values, problems = check_types("lookahead", LookaheadParams, keys)     # the job config's own kinds check
+    if problems:
+        raise ValueError("\n".join(problems))
+    params = LookaheadParams(**{**JOB_LOOKAHEAD, **values})
     check(params)
     return params
 
@@ -384,7 +387,7 @@ def _ids_of(prompt) -> list[int]:
     if isinstance(prompt, Sequence) and len(prompt) == 1 and isinstance(prompt[0], Sequence):
         prompt = prompt[0]       # a [1, n] row, as a tokenizer returns one prompt
     if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not all(_is_id(t) for t in prompt):
-        raise ValueError(f"a prompt must be text or a flat sequence of token ids; got {_short(prompt)}")
+        raise ValueError(f"a prompt must be text or a flat sequence of token ids; got {short_repr(prompt, 60)}")
     return [int(t) for t in prompt]
 
 
@@ -394,7 +397,3 @@ def _is_id(value) -> bool:
         return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 # lookahead's sizes: columns, n-gram lengths, candidates, tokens and nodes per round. A round feeds a few
@@ -130,30 +130,7 @@ class GenerationParams:
         return out
 
 
-_SECTIONS = {"LookaheadParams": "lookahead", "GenerationParams": "generation"}
-_KINDS = {"int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-          "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-          "bool": ("true or false", lambda v: isinstance(v, bool)),
-          "str": ("a string", lambda v: isinstance(v, str))}
-
-
-def type_problems(params) -> list[str]:
-    """A field whose value is not of its declared kind (an int, a number, a bool, a string), one line
-    each: the range checks of problems() assume the kinds."""
-    section = _SECTIONS[type(params).__name__]
-    out = []
-    for f in fields(params):
-        kind = _KINDS.get(str(f.type))
-        value = getattr(params, f.name)
-        if kind is not None and not kind[1](value):
-            out.append(f"{section}.{f.name}: {value!r} must be {kind[0]}")
-    return out
-
-
 def check(*params) -> None:
-    """ValueError listing every problem of the parameter sets: kinds first, then (when every value has
-    its kind) ranges."""
-    problems = [p for ps in params for p in type_problems(ps)]
-    problems = problems or [p for ps in params for p in ps.problems()]
+    problems = [p for ps in params for p in ps.problems()]
     if problems:
         raise ValueError("\n".join(problems))

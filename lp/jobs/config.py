@@ -165,7 +165,8 @@ class DataSection:
             out.append(f"data.path: {self.path!r} must be the path of ClassEval_data.json when data.source is "
                        f"classeval (from github.com/FudanSELab/ClassEval, data/ClassEval_data.json)")
         if "{prompt}" not in self.instruction:
-            out.append(f"data.instruction: {_short(self.instruction)} must contain {{prompt}} (where the prompt goes)")
+            out.append(f"data.instruction: {short_repr(self.instruction)} must contain {{prompt}} (where the prompt "
+                       f"goes)")
         if self.offset < 0:
             out.append(f"data.offset: {self.offset!r} must be >= 0")
         if self.limit is not None and self.limit < 1:
@@ -258,7 +259,7 @@ def differences(recorded: JobConfig, current: JobConfig,
         for key in a[name]:
             path = f"{name}.{key}"
             if path not in ignore and a[name][key] != b[name][key]:
-                out.append(f"{path}: {_short(a[name][key], 40)} -> {_short(b[name][key], 40)}")
+                out.append(f"{path}: {short_repr(a[name][key], 40)} -> {short_repr(b[name][key], 40)}")
     return out
 
 # ---------------------------------------------------------------- loading
@@ -301,7 +302,7 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError([f"<top level>: {_short(raw)} must be a mapping of sections "
+        raise ConfigError([f"<top level>: {short_repr(raw)} must be a mapping of sections "
                            f"({', '.join(SECTIONS)})"], source)
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     if isinstance(raw.get("baseline"), bool):  # `baseline: true` is short for `baseline: {enabled: true}`
@@ -311,14 +312,14 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
     sections = {}
     for name, section in raw.items():
         if name not in SECTIONS:
-            problems.append(f"{name}: {_short(section)} is not a known section; sections are "
+            problems.append(f"{name}: {short_repr(section)} is not a known section; sections are "
                             f"{', '.join(SECTIONS)}")
         elif section is not None and not isinstance(section, dict):
             allowed = "true, false or a mapping of keys" if name == "baseline" else "a mapping of keys"
-            problems.append(f"{name}: {_short(section)} must be {allowed}")
+            problems.append(f"{name}: {short_repr(section)} must be {allowed}")
     for name, cls in SECTIONS.items():
         section = raw.get(name)
-        values, type_problems = _check_types(name, cls, section if isinstance(section, dict) else {})
+        values, type_problems = check_types(name, cls, section if isinstance(section, dict) else {})
         # a key with a wrong type keeps its default and gets no second line from the range rules
         sections[name] = cls(**{**SECTION_DEFAULTS.get(name, {}), **values})
         mistyped = {line.split(":", 1)[0] for line in type_problems}
@@ -415,7 +416,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     return problems
 
 
-def _check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The keys of one section that are known and well typed, and a problem line for each other key."""
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
@@ -424,13 +425,13 @@ def _check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str,
     for key, value in given.items():
         path = f"{name}.{key}"
         if key not in known:
-            problems.append(f"{path}: {_short(value)} is not a known key; {name} keys are {', '.join(known)}")
+            problems.append(f"{path}: {short_repr(value)} is not a known key; {name} keys are {', '.join(known)}")
             continue
         ok, converted, expected = _check_type(value, hints[key])
         if ok:
             values[key] = converted
         else:
-            problems.append(f"{path}: {_short(value)} must be {expected}")
+            problems.append(f"{path}: {short_repr(value)} must be {expected}")
     return values, problems
 
 
@@ -458,7 +459,8 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     raise TypeError(f"config type {tp!r} has no checker")  # a new field type: teach _check_type
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: for messages that quote what was given."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

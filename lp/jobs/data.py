@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lp.jobs.config import DataSection
+from lp.jobs.config import DataSection, short_repr
 
 
 class DataError(ValueError):
@@ -146,9 +146,10 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
     if isinstance(task_id, int) and not isinstance(task_id, bool):
         task_id = str(task_id)
     if not isinstance(task_id, str) or not task_id:
-        return bad(f"task_id {_short(task_id)} is not a non-empty string")
+        return bad(f"task_id {short_repr(task_id, 60)} is not a non-empty string")
     if (at := _surrogate(task_id)) is not None:
-        return bad(f"task_id {_short(task_id)} is not Unicode text (a lone surrogate escape at character {at + 1})")
+        return bad(f"task_id {short_repr(task_id, 60)} is not Unicode text (a lone surrogate escape at character "
+                   f"{at + 1})")
     if task_id.startswith("<line "):
         return bad(f"task_id {task_id!r}: ids of the form '<line N>' are reserved for bad lines")
     if task_id in seen:
@@ -157,7 +158,7 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
     if "prompt" not in obj:
         return bad('no prompt field (a line is {"task_id": ..., "prompt": ...})', task_id)
     if not isinstance(prompt, str):
-        return bad(f"prompt {_short(prompt)} is not a string", task_id)
+        return bad(f"prompt {short_repr(prompt, 60)} is not a string", task_id)
     if not prompt:
         return bad("prompt is empty", task_id)
     if (at := _surrogate(prompt)) is not None:
@@ -173,8 +174,3 @@ def _surrogate(text: str) -> int | None:
     except UnicodeEncodeError as e:
         return e.start
     return None
-
-
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
