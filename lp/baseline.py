@@ -6,10 +6,11 @@ including an EOS id, after `max_new_tokens` tokens, or at the token that
 completes a stop string on the decoded text (the same StopChecker, fed token
 by token from a stopping criterion, so generate stops there too).
 
-Greedy is pure argmax: while `generate` runs, the model's own generation
-config (which may carry e.g. a repetition penalty or sampling defaults from
-the Hub) is swapped for a neutral one holding only the special token ids, so
-the reference is the same argmax decoding that lookahead is exact to. When
+Greedy is argmax: while `generate` runs, the model's own generation config
+(which may carry e.g. a repetition penalty or sampling defaults from the Hub)
+is swapped for one holding only the special token ids and the job's own
+`repetition_penalty` and `min_new_tokens`, so the reference is the decoding
+that lookahead is exact to. When
 the generation parameters ask for sampling (`temperature` > 0, from the
 sampling issue), generate samples with the same temperature / top_k / top_p,
 seeded from (seed, request); its draws are not lookahead's, so sampled
@@ -72,7 +73,8 @@ def autoregressive_generate(
         torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
     config = GenerationConfig(max_new_tokens=generation.max_new_tokens, num_beams=1,
                               eos_token_id=eos or None, pad_token_id=pad, bos_token_id=own.bos_token_id,
-                              **sampling)
+                              repetition_penalty=generation.repetition_penalty,
+                              min_new_tokens=generation.min_new_tokens or None, **sampling)
     x = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     start = time.perf_counter()
     model.generation_config = config  # neutral: no processors from the checkpoint's generation config

@@ -32,6 +32,7 @@ from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
+from lp.decode.processors import Processors
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
@@ -62,6 +63,7 @@ def lookahead_generate(
     compile_mode: str = "off",
     sampling_on_device: bool | None = None,
     streamer=None,
+    penalized: Sequence[int] | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
@@ -77,12 +79,14 @@ def lookahead_generate(
     (`sampling_on_device`, the default except on a CPU, where reading rows
     lazily costs no sync and warps only the rows the walk visits). A transformers `streamer`
     (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
-    prompt is the caller's to put, as `generate` puts it before decoding. This is `decode_batch`
-    with one request."""
+    prompt is the caller's to put, as `generate` puts it before decoding. `penalized`: the prompt's
+    tokens the repetition penalty counts (default: all of them). This is `decode_batch` with one
+    request."""
     if not len(input_ids):
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
-    (_, result), = decode_batch(model, [(0, input_ids, request)], lookahead, generation, eos_token_ids=eos_token_ids,
-                                tokenizer=tokenizer, comm=comm, corpus=corpus, compile_mode=compile_mode,
+    (_, result), = decode_batch(model, [(0, input_ids, request, penalized)], lookahead, generation,
+                                eos_token_ids=eos_token_ids, tokenizer=tokenizer, comm=comm, corpus=corpus,
+                                compile_mode=compile_mode,
                                 sampling_on_device=sampling_on_device, streamer=streamer)
     if isinstance(result, Exception):
         raise result
@@ -125,7 +129,8 @@ def decode_batch(
     row_cost: Callable[[int, int], float] | None = None,
     draft_cost: float = 0.0,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
-    """Decode `prompts` ((key, prompt ids, request) each; `request` names it in the sampling draws)
+    """Decode `prompts` ((key, prompt ids, request) each, `request` naming it in the sampling draws; or
+    (key, prompt ids, request, the prompt tokens the repetition penalty counts: default all))
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
     (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
     a request that ends leaves the batch at once; the next prompt is taken then and its first round
@@ -157,11 +162,11 @@ def decode_batch(
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
     rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost,
-                    batch_size, draft_cost)
+                    batch_size, draft_cost, eos_token_ids)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
-    def start(key, ids, request) -> RequestState | ValueError:
+    def start(key, ids, request, penalized=None) -> RequestState | ValueError:
         nonlocal prompt_tokens
         ids = [int(t) for t in ids]
         if not ids:
@@ -177,7 +182,7 @@ def decode_batch(
                               f"holds (sized for prompts of up to {prompt_tokens} tokens)")
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
-                             streamer=streamer, ceiling=ceiling, reencode_at=reencode_at)
+                             streamer=streamer, ceiling=ceiling, reencode_at=reencode_at, penalized=penalized)
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:
@@ -230,7 +235,8 @@ class Rounds:
 
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
-                 row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0):
+                 row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0,
+                 eos_token_ids: Sequence[int] = ()):
         self.model, self.comm, self.kinds, self.draft_cost, self.batch_size = model, comm, kinds, draft_cost, batch_size
         # the budget reads the same (requests, rows) cells round after round: each read off the grid once
         self.row_cost = lru_cache(maxsize=None)(row_cost) if row_cost is not None else None
@@ -246,6 +252,8 @@ class Rounds:
         self.on_device = self.device.type != "cpu" if sampling_on_device is None else sampling_on_device
         self.warp = (warpers(generation.temperature, generation.top_k, generation.top_p)
                      if generation.sampling else None)
+        self.processors = (Processors(generation, eos_token_ids, self.device)
+                           if Processors.wanted(generation, eos_token_ids) else None)
         self.uploader = Uploader(self.device)
         # the payload's fixed operands, made once: its zeros and its deepest level's padding
         self.zeros = torch.zeros(batch_size, self.width + 1, dtype=torch.long, device=self.device)
@@ -266,6 +274,8 @@ class Rounds:
         if self.warp is not None and self.on_device:      # the walk's draws, every request padded alike
             sections["draws"] = draw_words(plans, [s.draws for s in states], [s.generated for s in states],
                                            shape.nodes)
+        if self.processors is not None:     # the repetition penalty's fresh tokens, the rows holding EOS back
+            sections.update(self.processors.sections(states, plans, shape.nodes))
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)
@@ -275,13 +285,17 @@ class Rounds:
         frame = logits[:, shape.k - shape.frame:]        # [n, D + 1 + N, V]: deep frame, z*'s row, node frame
         predicted = frame.argmax(-1)                     # the window stays greedy whatever the sampling
         v = {name: dev[name].view(n, -1) for name in ("tok", "par", "depth", "step", "dst", "meta", "rows")}
-        nodes = shape.nodes
+        nodes, d = shape.nodes, shape.deep
         v["nslot"] = slots[:, shape.q - nodes:]         # the node frame's cache slots
-        if nodes or self.warp is not None:
+        if nodes or self.warp is not None or self.processors is not None:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
-            first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame, predicted, ancestors)
+            target, chosen = frame[:, d:], predicted[:, d:]   # z*'s row and the node frame's: what verification reads
+            if self.processors is not None:                   # each row's own penalty and EOS hold-back
+                target = self.processors.apply(target, states, dev, v["tok"], ancestors)
+                chosen = target.argmax(-1)
+            first, off_path, emitted = self.verdict(states, plans, shape, dev, v, target, chosen, ancestors)
         else:        # greedy, no tree on this rank: z* alone
-            first, off_path, emitted = predicted[:, shape.deep], v["tok"] < 0, v["tok"]
+            first, off_path, emitted = predicted[:, d], v["tok"] < 0, v["tok"]
         hits, node, after, slot = path_verdicts(first, off_path, emitted, v["depth"], v["step"], v["meta"][:, 0],
                                                 width, self.zeros)
         payload = pack_payloads(first, hits, node, v["meta"][:, 1:], after, predicted[:, :shape.deep],
@@ -343,22 +357,23 @@ class Rounds:
                                                 for i in range(n)]
 
     def verdict(self, states: list[RequestState], plans: list[RoundPlan], shape: Packed,
-                dev: dict[str, torch.Tensor], v: dict[str, torch.Tensor], frame: torch.Tensor,
-                predicted: torch.Tensor, ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                dev: dict[str, torch.Tensor], v: dict[str, torch.Tensor], target: torch.Tensor,
+                chosen: torch.Tensor, ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every request's verdict on this rank's nodes, on the device: (the first token [n], which
         node-frame entries are off the accepted path [n, N], what each node emits after itself
-        [n, N]). Greedy: z* and the argmax path, for the whole batch at once; sampling: every
-        request's walk at once on the device, or each request's on the host reading rows lazily."""
-        d = shape.deep
+        [n, N]), from `target` [n, 1 + N, V] (z*'s row, then the node frame's: scores) and
+        `chosen` (their argmax). Greedy: z* and the argmax path, for the whole batch at once;
+        sampling: every request's walk at once on the device, or each request's on the host
+        reading rows lazily."""
         if self.warp is None:
-            return predicted[:, d], node_mismatch(predicted[:, d:], v["tok"], v["par"], ancestors), predicted[:, d + 1:]
+            return chosen[:, 0], node_mismatch(chosen, v["tok"], v["par"], ancestors), chosen[:, 1:]
         if self.on_device:      # every request's walk at once
             rest = dev["draws"].view(torch.float64).view(len(plans), 1 + shape.nodes)
-            return tree_sampling_verdict(distribution(frame[:, d:], self.warp), v["tok"], v["par"], ancestors, rest)
+            return tree_sampling_verdict(distribution(target, self.warp), v["tok"], v["par"], ancestors, rest)
         firsts, off, emits = [], [], []
         for i, (state, plan) in enumerate(zip(states, plans)):
             count, nodes = len(plan.nodes), plan.nodes
-            rows = frame[i, d:d + 1 + count]             # z*'s row, then the request's nodes
+            rows = target[i, :1 + count]                 # z*'s row, then the request's nodes
             sampled = verify_tree_sampling(distribution(rows[0], self.warp), plan.tree,
                                            lambda u: distribution(rows[1 + u - nodes.start], self.warp),
                                            state.draws, state.generated, owned=lambda u: u in nodes)

@@ -6,13 +6,14 @@
 `lookahead` is a `custom_generate` callable: transformers' `generate` prepares the inputs and the
 generation config (the model's own `generation_config` merged with the call's arguments) and hands the
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
-`do_sample` with `temperature` / `top_k` / `top_p`, `return_dict_in_generate` (`sequences` only) and a
+`do_sample` with `temperature` / `top_k` / `top_p`, `repetition_penalty`, `min_new_tokens` / `min_length`,
+`return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
 What it cannot do exactly it refuses, naming the option: beam search, assisted decoding, logits
-processors other than the sampling warpers, stopping criteria other than the length and EOS ones,
-scores or hidden states in the output.
+processors other than those above, stopping criteria other than the length and EOS ones, scores or
+hidden states in the output.
 
 transformers 5.17-5.24 do not pass `streamer`, `tokenizer` or `assistant_model` to a callable
 `custom_generate` (they keep them for their own decoding methods): `lookahead` reads the streamer and the
@@ -37,7 +38,14 @@ import sys
 from typing import Mapping, Sequence
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from lp.decode.kv_cache import given_cache_tokens
@@ -47,6 +55,7 @@ from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+_LENGTHS = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -145,8 +154,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
                          f"{', '.join(extra)} to the model")
     mask = model_kwargs.get("attention_mask")
     _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
-    sampling = _sampling([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
-                         bool(config.do_sample))
+    eos = _ids(config.eos_token_id)
+    processing, ignored = _processing([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
+                                      bool(config.do_sample), input_ids.shape, eos)
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
             raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it "
@@ -159,10 +169,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{input_ids.shape[1]} tokens)")
-    eos = _ids(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-    seed = int(torch.randint(0, 2**62, (1,)).item()) if sampling else 0
-    generation = GenerationParams(new, **sampling, seed=seed)
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if processing.get("temperature", 0) > 0 else 0
+    generation = GenerationParams(new, **processing, seed=seed)
     if mask is not None:
         _check_left_padding(mask, pad)
     if streamer is not None and input_ids.shape[0] > 1:
@@ -172,8 +181,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     for b in range(input_ids.shape[0]):
         row = input_ids[b]
         prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
+        penalized = row[ignored[b]:].tolist() if ignored is not None else None  # what generate's penalty sees
         r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
-                               streamer=streamer)
+                               streamer=streamer, penalized=penalized)
         rows.append(r.token_ids)
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
@@ -188,8 +198,10 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
 def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
              stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
+             top_p: float = 1.0, repetition_penalty: float = 1.0, min_new_tokens: int = 0, seed: int = 0,
+             streamer=None, **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
+    The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
     the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's); a
     `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
@@ -204,13 +216,16 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         stop_strings = ()
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if do_sample and not temperature > 0:
+    knobs, problems = check_types("generate", GenerationParams, dict(    # the job config's own kinds check
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens))
+    if problems:
+        raise ValueError("\n".join(problems))
+    if do_sample and not knobs["temperature"] > 0:
         raise ValueError(f"do_sample=True needs a temperature > 0 (got {temperature!r}); do_sample=False is greedy")
-    generation = GenerationParams(max_new_tokens, stop=tuple(stop_strings),
-                                  temperature=temperature if do_sample else 0.0, top_k=top_k if do_sample else 0,
-                                  top_p=top_p if do_sample else 1.0, seed=seed)
+    if not do_sample:
+        knobs.update(temperature=0.0, top_k=0, top_p=1.0)
+    generation = GenerationParams(**knobs, stop=tuple(stop_strings))
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
     out = []
@@ -269,16 +284,37 @@ def _no_op(processor, length: int) -> bool:
     return False
 
 
-def _sampling(processors, do_sample: bool) -> dict:
-    """GenerationParams' sampling fields from generate's prepared warpers: temperature, top-k, top-p, each
-    at most once, in that order (generate's), with the default filter value and min_tokens_to_keep 1.
-    Refuses any other processor, and warpers lp would not apply as given."""
+def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[int]) -> tuple[dict, list[int] | None]:
+    """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
+    row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
+    penalty and min_length / min_new_tokens (on the config's eos ids) before any top-k / top-p
+    warper, then temperature, top-k, top-p, each at most once, in that order (generate's), with the
+    default filter value and min_tokens_to_keep 1. Refuses any other processor, and warpers or
+    processors lp would not apply as given. `shape`: the input_ids' [batch, length]."""
     temperature, top_k, top_p = (1.0 if do_sample else 0.0), 0, 1.0
+    penalty, least, ignored, cut = 1.0, 0, None, None
     last = -1
     for p in processors:
+        if isinstance(p, (RepetitionPenaltyLogitsProcessor, *_LENGTHS)):
+            if cut is not None:   # after top-k or top-p: their cut would come first (temperature commutes)
+                raise ValueError(f"lp.lookahead applies {_named(p)} before the top-k and top-p warpers, as "
+                                 f"generate orders its own; it cannot apply it after {_named(cut)}")
+            if isinstance(p, RepetitionPenaltyLogitsProcessor):
+                if ignored is not None:
+                    raise ValueError("lp.lookahead applies one repetition penalty; got two "
+                                     "RepetitionPenaltyLogitsProcessor")
+                penalty, ignored = float(p.penalty), _ignored(p.prompt_ignore_length, shape)
+                continue
+            if sorted(_ids(p.eos_token_id)) != sorted(eos):
+                raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
+                                 f"holds back {_ids(p.eos_token_id)}")
+            least = max(least, p.min_length - shape[1] if isinstance(p, MinLengthLogitsProcessor)
+                        else p.prompt_length_to_skip + p.min_new_tokens - shape[1])
+            continue
         if not isinstance(p, _WARPERS):
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"samples with temperature, top_k and top_p only")
+                             f"applies repetition_penalty, min_length / min_new_tokens, and samples with "
+                             f"temperature, top_k and top_p")
         kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
         keep = getattr(p, "min_tokens_to_keep", 1)
         if kind <= last or keep != 1 or getattr(p, "filter_value", -float("inf")) != -float("inf"):
@@ -287,14 +323,26 @@ def _sampling(processors, do_sample: bool) -> dict:
                                  f"generate's order and settings; it cannot apply {type(p).__name__} here "
                                  f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
             continue   # greedy: no warper moves the argmax
-        last = kind
+        last, cut = kind, (p if kind > 0 else cut)
         if isinstance(p, TemperatureLogitsWarper):
             temperature = float(p.temperature)
         elif isinstance(p, TopKLogitsWarper):
             top_k = int(p.top_k)
         else:
             top_p = float(p.top_p)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+    out = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+    return {**out, "repetition_penalty": penalty, "min_new_tokens": max(least, 0)}, ignored
+
+
+def _ignored(length, shape: tuple[int, int]) -> list[int]:
+    """Where each row's repetition penalty starts in its input_ids: transformers' prompt_ignore_length
+    (None: nothing ignored; an int for every row; a tensor per row, the left padding generate 5.24 on
+    leaves out; 5.17 penalises padding too)."""
+    if length is None:
+        return [0] * shape[0]
+    if isinstance(length, torch.Tensor):
+        return [int(x) for x in length.tolist()]
+    return [int(length)] * shape[0]
 
 
 def _check_left_padding(mask: torch.Tensor, pad: int | None = None) -> None:

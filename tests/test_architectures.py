@@ -64,6 +64,23 @@ def test_family_is_identical_to_generate(models, family):
     assert multi >= 2, f"{family}: no round accepted a draft"
 
 
+@pytest.mark.parametrize("family", ["qwen2-swa", "gemma2", "gpt2", "deepseek-v3"])
+def test_processors_on_other_families_are_generates(models, family):
+    """A repetition penalty and min_new_tokens (with an EOS it holds back) on a windowed, a soft-capped
+    (its final logits too), a learned-position and an MLA family: generate's ids, which the knobs change."""
+    model = models(family)
+    for prompt in PROMPTS:
+        free = generate(model, prompt)
+        eos = free[5]           # a token the free run meets early
+        x = torch.tensor([prompt])
+        want = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                              eos_token_id=eos, repetition_penalty=1.3, min_new_tokens=12)[0, len(prompt):].tolist()
+        assert want != free[:len(want)] and len(want) > 12, (family, prompt)
+        r = lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"],
+                               GenerationParams(NEW, repetition_penalty=1.3, min_new_tokens=12), eos_token_ids=[eos])
+        assert r.token_ids == want, (family, prompt)
+
+
 def test_matrix_covers_the_families_people_run():
     assert len(FAMILIES) >= 15
     kinds = {f: attention_kinds(family_config(f)) for f in FAMILIES}

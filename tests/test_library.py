@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 import lp
 from lp.baseline import autoregressive_generate
@@ -95,8 +100,12 @@ class Never(StoppingCriteria):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_beams=2), "beam search"),
-    (dict(repetition_penalty=1.3), r"RepetitionPenaltyLogitsProcessor \(repetition_penalty\)"),
-    (dict(min_new_tokens=3), r"min_new_tokens\)"),
+    (dict(no_repeat_ngram_size=2), r"NoRepeatNGramLogitsProcessor \(no_repeat_ngram_size\)"),
+    (dict(suppress_tokens=[3]), r"SuppressTokensLogitsProcessor \(suppress_tokens\)"),
+    (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2)])),
+     r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the top-k and top-p warpers"),
+    (dict(logits_processor=LogitsProcessorList([MinNewTokensLengthLogitsProcessor(12, 3, [4])]), eos_token_id=5),
+     r"holds back \[4\]"),
     (dict(max_time=30.0), r"MaxTimeCriteria \(max_time\)"),
     (dict(output_scores=True, return_dict_in_generate=True), "scores"),
     (dict(stopping_criteria=StoppingCriteriaList([Never()])), "stopping criterion Never"),
@@ -106,6 +115,42 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
     ids = torch.tensor([PROMPTS[0]])
     with pytest.raises(ValueError, match=match):
         plain(model, ids, max_new_tokens=8, custom_generate=lp.lookahead, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(repetition_penalty=1.4), dict(repetition_penalty=0.7), dict(min_new_tokens=12),
+    dict(min_length=24, repetition_penalty=1.2),
+    dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=12)]))])
+def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
+    """repetition_penalty, min_new_tokens and min_length (counted from the padded length, as generate
+    counts) run as generate runs them, on a left-padded batch whose pad id is a token the rows
+    predict (transformers 5.17 penalises padding, 5.24 on leaves it out; lp counts what the installed
+    version's processor counts) with an EOS: the ids are generate's, and the setting changes them."""
+    ids, mask = left_padded(PROMPTS)
+    free = plain(model, ids, mask, max_new_tokens=40)[:, ids.shape[1]:]
+    eos, pad = int(free[1, 3]), int(free[1, 0])    # an EOS the rows meet early; a pad id a padded row predicts
+    ids, mask = left_padded(PROMPTS, pad=pad)
+    run = lambda **more: model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,  # noqa: E731
+                                        pad_token_id=pad, eos_token_id=eos, **more)
+    want = run(**kwargs)
+    assert torch.equal(run(custom_generate=lp.lookahead, **TREE, **kwargs), want)
+    assert not torch.equal(want, run())
+
+
+def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
+    """Under sampling the drop-in hands the engine generate's penalty and EOS hold-back with the warpers
+    (the engine's sampling with them is tested against a plain loop: tests/test_processors.py)."""
+    seen = []
+    engine_call = lp.library.lookahead_generate
+    monkeypatch.setattr(lp.library, "lookahead_generate",
+                        lambda *a, **k: seen.append((a[3], k["penalized"])) or engine_call(*a, **k))
+    ids = torch.tensor([PROMPTS[1]])
+    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=0.9, top_k=7,
+                   repetition_penalty=1.3, min_new_tokens=4, max_new_tokens=8, pad_token_id=0, eos_token_id=2,
+                   custom_generate=lp.lookahead)
+    (gen, penalized), = seen
+    assert (gen.temperature, gen.top_k, gen.repetition_penalty, gen.min_new_tokens) == (0.9, 7, 1.3, 4)
+    assert penalized == PROMPTS[1]
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
@@ -216,8 +261,14 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
     assert one.token_ids == listed.token_ids and one.finish_reason == "stop"
     with pytest.raises(ValueError, match="temperature > 0"):
         lp.generate(model, PROMPTS[0], do_sample=True, temperature=0.0)
-    with pytest.raises(ValueError, match="max_new_tokens must be an int"):
+    with pytest.raises(ValueError, match=r"generate.max_new_tokens: 1.5 must be an integer"):
         lp.generate(model, PROMPTS[0], max_new_tokens=1.5)
+    with pytest.raises(ValueError, match=r"generate.repetition_penalty: 'x' must be a number"):
+        lp.generate(model, PROMPTS[0], repetition_penalty="x")
+    with pytest.raises(ValueError, match=r"generation.repetition_penalty: 0.0 must be a finite number > 0"):
+        lp.generate(model, PROMPTS[0], repetition_penalty=0.0)
+    with pytest.raises(ValueError, match=r"generation.min_new_tokens: -1 must be >= 0"):
+        lp.generate(model, PROMPTS[0], min_new_tokens=-1)
 
 
 def test_generate_text_ids_and_stop_strings(model):

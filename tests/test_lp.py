@@ -340,3 +340,30 @@ def test_sampling_three_workers_match_one(sampling_cases, tmp_path):
     # hold tree nodes, so two offset-0 ownership hand-offs are exercised
     inner = [p for p in plans if 0 < p["plan"][0][2] < p["plan"][1][2] < p["subtrees"]]
     assert len(inner) >= 10
+
+
+PROCESSOR_KNOBS = [dict(repetition_penalty=1.3), dict(repetition_penalty=0.7),
+                   dict(repetition_penalty=1.2, min_new_tokens=20),
+                   dict(repetition_penalty=1.4, min_new_tokens=6, temperature=0.8, top_k=6, seed=3)]
+
+
+def test_processors_at_two_workers_match_one(tmp_path):
+    """A repetition penalty and min_new_tokens under LP: each rank processes its own nodes' rows, and
+    P = 2 gives the one-worker tokens round for round (greedy: generate's), window, lookup and tree
+    cases, with an EOS the hold-back keeps back."""
+    model = tiny_random_llama(**MODEL).model.double()
+    shapes = [dict(prompt=p, w=5, n=5, g=15, max_new=NEW) for p in PROMPTS[:2]]
+    shapes += [lookup_case(p, LOOKUP_CONFIGS[1]) for p in PROMPTS[:2]]
+    shapes += [tree_case(model, p, TREE_CONFIGS[1]) for p in PROMPTS[:2]]
+    cases = [dict(shape, sampling=knobs, eos=[11], request=i)
+             for i, (knobs, shape) in enumerate((k, s) for k in PROCESSOR_KNOBS for s in shapes)]
+    runs = [single(model, c) for c in cases]
+    for case, run in zip(cases, runs):
+        if "temperature" not in case["sampling"]:
+            x = torch.tensor([case["prompt"]])
+            want = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=case["max_new"],
+                                  pad_token_id=0, eos_token_id=11, **case["sampling"])[0, x.shape[1]:].tolist()
+            assert run.token_ids == want, case
+    ranks = torchrun(2, {"model": MODEL, "cases": cases}, tmp_path)
+    multi, split = match_single(ranks, cases, runs)
+    assert multi > 20 and split > 20

@@ -141,3 +141,22 @@ def test_top_k_and_top_p_add_only_their_warpers_ops(model16):
         for warper in warpers(0.8, 5, 0.9)[1:]:             # the top-k and top-p warpers alone
             scores = warper(None, scores)
     assert alone.rounds[0] > 0 and rounds[5] == rounds[0] + alone.rounds[0], (rounds, alone.ops)
+
+
+PROCESSOR_OPS = 30     # the repetition penalty's and the EOS hold-back's own work (lp/decode/processors.py)
+
+
+@pytest.mark.parametrize("depth", [4, 32])
+def test_the_processors_add_a_fixed_handful_of_ops(model16, depths, depth):
+    """A repetition penalty and min_new_tokens add at most PROCESSOR_OPS ops to a round, whatever the
+    tree's depth or the batch; with both off a round does no processor work (the bounds above)."""
+    gen = GenerationParams(40, repetition_penalty=1.2, min_new_tokens=8)
+    params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=depth)
+    with RoundOps().counting() as ops:
+        r = lookahead_generate(model16, PROMPT, params, gen, eos_token_ids=[3])
+    with RoundOps().counting() as batched:
+        results = dict(decode_batch(model16, [(i, PROMPT[i:], i) for i in range(6)], params, gen, batch_size=4,
+                                    eos_token_ids=[3]))
+    assert len(ops.rounds) == r.forwards > 3 and max(depths) == depth and len(results) == 6
+    assert max(ops.rounds + batched.rounds) <= ROUND_OPS + PROCESSOR_OPS, (ops.rounds, batched.rounds, ops.ops)
+    assert ops.ops["bmm"] > 0 and batched.ops["bmm"] > 0      # the penalty did run (no other round op is a bmm)

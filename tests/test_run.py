@@ -350,6 +350,27 @@ def test_baseline_in_the_same_run(tmp_path):
     assert "speedup" in result.stdout and "100.0% of 3 prompts" in result.stdout
 
 
+def test_a_jobs_repetition_penalty_and_min_new_tokens_match_generates(tmp_path):
+    """generation.repetition_penalty and min_new_tokens reach both lookahead and the in-run baseline
+    (transformers' generate with the same knobs): float64, the ids are equal, and the knobs change them
+    (in a batched job too)."""
+    knobs = {"repetition_penalty": 1.5, "min_new_tokens": 10, "max_new_tokens": 24}
+    config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True}, generation=knobs)
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = read_results(out)
+    assert all(r["baseline_ids_equal"] is True for r in records), [(r["token_ids"], r["baseline_token_ids"])
+                                                                    for r in records]
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--fresh", "--set", "baseline.enabled=false",
+                                       "--set", "generation.batch_size=3"])
+    assert result.exit_code == 0, result.output
+    assert [r["token_ids"] for r in read_results(out)] == [r["token_ids"] for r in records]
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--fresh", "--set", "baseline.enabled=false",
+                                       "--set", "generation.repetition_penalty=1.0"])
+    assert result.exit_code == 0, result.output
+    assert [r["token_ids"] for r in read_results(out)] != [r["token_ids"] for r in records]
+
+
 def test_autoregressive_method(tmp_path):
     config, out = write_job(tmp_path, PROMPTS)
     runner = CliRunner()

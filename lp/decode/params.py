@@ -101,6 +101,11 @@ class GenerationParams:
     top_k: int = 0             # 0: off
     top_p: float = 1.0         # 1: off
     seed: int = 0              # draws are a function of (seed, request, position)
+    # generate's processors, before the warpers (lp/decode/processors.py): a token the input already
+    # holds (prompt and output) has its score s made s * p when s < 0, else s / p (1: off); and no EOS
+    # before this many new tokens (0: off)
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1
@@ -121,6 +126,11 @@ class GenerationParams:
             out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
         if not 0 < self.top_p <= 1:
             out.append(f"generation.top_p: {self.top_p!r} must be in (0, 1] (1 is off)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
+                       f"(1 is off)")
+        if self.min_new_tokens < 0:
+            out.append(f"generation.min_new_tokens: {self.min_new_tokens!r} must be >= 0 (0 is off)")
         if self.seed < 0:
             out.append(f"generation.seed: {self.seed!r} must be >= 0")
         if self.batch_size < 1:

@@ -87,7 +87,8 @@ class RequestState:
     def __init__(self, key: Any, prompt: Sequence[int], lookahead: LookaheadParams, generation: GenerationParams, *,
                  request: str | int = 0, leader: bool = True, corpus: SuffixIndex | None = None,
                  eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None,
-                 ceiling: Callable[[int], int | None] = lambda position: None, reencode_at: int | None = None):
+                 ceiling: Callable[[int], int | None] = lambda position: None, reencode_at: int | None = None,
+                 penalized: Sequence[int] | None = None):
         self.key, self.row, self.streamer, self.ceiling = key, row, streamer, ceiling
         self.reencode_at = reencode_at   # lp.decode.arch.reencode_position: where generate re-encodes everything
         self.max_new_tokens = generation.max_new_tokens
@@ -100,6 +101,12 @@ class RequestState:
         self.tokens = list(self.prompt)      # committed: prompt + output
         self.ordinary = list(self.prompt)    # committed but not yet in the cache
         self.cached = 0                      # cache slots holding committed tokens
+        # the repetition penalty's tokens (lp/decode/processors.py): those not yet on the device (at first
+        # `penalized`, default the prompt: what generate's input_ids hold, padding included where it
+        # penalises padding) and the device's presence row of the others
+        self.penalizes = generation.repetition_penalty != 1.0
+        self.unseen = [int(t) for t in (self.prompt if penalized is None else penalized)] if self.penalizes else []
+        self.seen: torch.Tensor | None = None
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
         self._fit_window()
@@ -177,6 +184,8 @@ class RequestState:
             if self.stopper.push(token):
                 break
         self.tokens += emitted
+        if self.penalizes:
+            self.unseen += emitted
         if self.streamer is not None and emitted:
             self.streamer.put(torch.tensor(emitted))
         if self.proposer is not None:

@@ -1,0 +1,179 @@
+"""generate's repetition penalty and min_new_tokens under lookahead (lp/decode/processors.py): each
+verified row processed as generate would process it after that row's own input, so greedy output is
+generate's (float64) and sampled output a plain sampling loop's with the same draws."""
+import random
+
+import pytest
+import torch
+from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+from lp.decode.processors import process_rows
+from lp.decode.sampling import Draws, distribution, sample, warpers
+from lp.decode.tree import tree_of
+from lp.decode.verify import frame_ancestors, node_frame
+from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead_generate
+from lp.models import tiny_random_llama
+from reference import last_logits
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 7, 7, 8, 9, 10], [3], [12, 4, 12, 4, 12, 4, 9, 1, 0, 5]]
+NEW = 40
+CONFIGS = [LookaheadParams(5, 4, 5), LookaheadParams(15, 5, 15, lookup_candidates=2),
+           LookaheadParams(5, 4, 5, suffix_factor=4.0)]
+# (repetition_penalty, min_new_tokens, eos): a penalty above and below 1, EOS held back with and without one
+KNOBS = [(1.3, 0, None), (0.7, 0, None), (1.0, 12, 11), (1.2, 20, 11)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return tiny_random_llama(vocab=16, seed=1).model.double()
+
+
+def random_round(rng: random.Random, vocab: int, nodes: int):
+    """A random tree of `nodes` nodes whose paths repeat tokens (and one id past the vocabulary), the
+    committed sequence before it, and the node frame padded by two PAD entries."""
+    alphabet = list(range(vocab)) + [vocab + 3]
+    paths, count = [], 0
+    while count < nodes:
+        path = [rng.choice(alphabet[:5]) for _ in range(rng.randint(1, 5))]
+        paths.append(path)
+        count = len(tree_of(paths))
+    tree = tree_of(paths)
+    committed = [rng.choice(alphabet) for _ in range(rng.randint(1, 6))]
+    frame = node_frame(tree, range(len(tree)), len(tree) + 2, 6, ends=True)
+    return tree, committed, frame
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_each_row_is_transformers_processors_after_its_own_input(dtype):
+    """process_rows against transformers' own processors run on each row's whole input: z*'s row after
+    the committed tokens, a node's row after them and its path (itself included); ids past the
+    logits' vocabulary, PAD entries and tokens repeated along a path included; min_new_tokens holds
+    EOS back by the row's new-token count."""
+    rng, vocab, n = random.Random(4), 11, 3
+    for penalty, least in ((1.4, 0), (0.6, 3), (1.0, 4)):
+        rounds = [random_round(rng, vocab, rng.randint(0, 12)) for _ in range(n)]
+        size = max(len(r[2]["tok"]) for r in rounds)
+        for tree, committed, frame in rounds:     # pad every request's frame to the widest
+            pad = size - len(frame["tok"])
+            frame["tok"] += [-1] * pad
+            frame["depth"] += [0] * pad
+            frame["end"] += list(range(len(frame["end"]) + 1, size + 1))
+        tok = torch.tensor([f["tok"] for _, _, f in rounds])
+        ancestors = frame_ancestors(torch.tensor([f["end"] for _, _, f in rounds]))
+        scores = torch.randn(n, 1 + size, vocab, dtype=torch.float64).mul(3).to(dtype)
+        scores[0, 0, 2] = 0.0         # a zero score: divided, not multiplied
+        seen = torch.zeros(n, vocab + 1, dtype=torch.bool)
+        for b, (_, committed, _) in enumerate(rounds):
+            seen[b, [min(t, vocab) for t in committed]] = True
+        made = [rng.randint(0, 5) for _ in range(n)]       # new tokens committed before the round
+        eos = torch.zeros(vocab, dtype=torch.bool)
+        eos[[1, 6]] = True
+        hold = torch.tensor([[int(k + d < least) for d in [0, *f["depth"]]] for k, (_, _, f) in zip(made, rounds)])
+        got = process_rows(scores, seen if penalty != 1.0 else None, tok, ancestors,
+                           hold.bool() if least else None, eos if least else None, penalty)
+        want_dtype = torch.float32 if dtype == torch.float16 else dtype
+        assert got.dtype == want_dtype
+        checked = 0
+        for b, (tree, committed, frame) in enumerate(rounds):
+            for row in range(1 + len(tree)):
+                path = [tree.tokens[u] for u in reversed(tree.path(row - 1))] if row else []
+                ids = torch.tensor([committed + path])
+                want = scores[b, row][None].to(want_dtype)
+                held = [t for t in committed + path if t < vocab]   # ids past the logits: none (5.17 fails on them)
+                if penalty != 1.0 and held:
+                    want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([held]), want)
+                if least:   # the row predicts new token made + depth; generate counts from the prompt's end
+                    skip = ids.shape[1] - (made[b] + len(path))
+                    want = MinNewTokensLengthLogitsProcessor(skip, least, [1, 6])(ids, want)
+                assert torch.equal(got[b, row], want[0]), (penalty, least, b, row, committed, path)
+                checked += 1
+        assert checked > 3 * n
+
+
+def generate_ids(model, prompt, penalty=1.0, least=0, eos=None):
+    x = torch.tensor([prompt])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                         eos_token_id=eos, repetition_penalty=penalty, min_new_tokens=least or None)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("penalty,least,eos", KNOBS)
+def test_greedy_with_processors_is_generate(model, penalty, least, eos):
+    """float64: with a repetition penalty and/or min_new_tokens, lookahead's tokens are generate's for the
+    window, lookup and suffix trees, one request at a time and in batches of 3; the knobs change the
+    output (the test can fail) and rounds accept several tokens (paths are processed)."""
+    eos_ids = [eos] if eos is not None else []
+    gen = GenerationParams(NEW, repetition_penalty=penalty, min_new_tokens=least)
+    want = [generate_ids(model, p, penalty, least, eos) for p in PROMPTS]
+    assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
+    multi = 0
+    for params in CONFIGS:
+        for p, w in zip(PROMPTS, want):
+            r = lookahead_generate(model, p, params, gen, eos_token_ids=eos_ids)
+            assert r.token_ids == w, (params, p)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+        got = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS)], params, gen, batch_size=3,
+                                eos_token_ids=eos_ids))
+        assert [got[i].token_ids for i in range(len(PROMPTS))] == want, params
+    assert multi > 20
+
+
+def test_the_penalty_counts_the_tokens_it_is_given():
+    """`penalized`: the prompt tokens the penalty counts instead of the whole prompt (generate's
+    prompt_ignore_length, or the padding transformers 5.17 penalises)."""
+    model = tiny_random_llama(vocab=16, seed=1).model.double()
+    prompt, gen = PROMPTS[1], GenerationParams(NEW, repetition_penalty=1.5)
+    for penalized in ([], [0, 0, *PROMPTS[1]], PROMPTS[1][4:]):
+        want = []
+        seq = list(prompt)
+        for _ in range(NEW):        # the reference: the penalty over penalized + output only
+            scores = last_logits(model, seq)[None]
+            scores = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([penalized + want]), scores) \
+                if penalized or want else scores
+            want.append(int(scores.argmax()))
+            seq.append(want[-1])
+        r = lookahead_generate(model, prompt, CONFIGS[1], gen, penalized=penalized)
+        assert r.token_ids == want, penalized
+
+
+def plain_processed_sampling(model, prompt, gen, request, eos):
+    """A plain loop: each new token drawn with u_k from the model's distribution after the repetition
+    penalty, the EOS hold-back and the warpers, as generate orders them."""
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
+    for k in range(gen.max_new_tokens):
+        scores = last_logits(model, seq)[None]
+        scores = RepetitionPenaltyLogitsProcessor(gen.repetition_penalty)(torch.tensor([seq]), scores)
+        scores = MinNewTokensLengthLogitsProcessor(len(prompt), gen.min_new_tokens, eos)(torch.tensor([seq]), scores)
+        seq.append(sample(distribution(scores[0], warp), draws.uniform(k)))
+        if seq[-1] in eos:
+            break
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("gen", [
+    GenerationParams(24, temperature=0.8, top_k=6, repetition_penalty=1.4, min_new_tokens=6, seed=3),
+    GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3)])   # paths penalised
+def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
+    """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed
+    sampling loop's with the same draws, one request at a time and batched (device and host walks)."""
+    eos = [2]
+    want = [plain_processed_sampling(model, p, gen, i, eos) for i, p in enumerate(PROMPTS)]
+    multi = 0
+    for params in CONFIGS:
+        for i, p in enumerate(PROMPTS):
+            r = lookahead_generate(model, p, params, gen, request=i, eos_token_ids=eos)
+            assert r.token_ids == want[i], (params, i)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+        for on_device in (False, True):
+            got = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS)], params, gen, batch_size=3,
+                                    eos_token_ids=eos, sampling_on_device=on_device))
+            assert [got[i].token_ids for i in range(len(PROMPTS))] == want, (params, on_device)
+    assert multi > 5
+
+
+def test_processors_are_checked():
+    with pytest.raises(ValueError, match=r"generation.repetition_penalty: 0.0 must be a finite number > 0"):
+        lookahead_generate(None, [1], LookaheadParams(), GenerationParams(4, repetition_penalty=0.0))
+    with pytest.raises(ValueError, match=r"generation.min_new_tokens: -2 must be >= 0"):
+        lookahead_generate(None, [1], LookaheadParams(), GenerationParams(4, min_new_tokens=-2))
