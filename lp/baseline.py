@@ -12,7 +12,7 @@ is swapped for one holding only the special token ids and the job's own
 `repetition_penalty` and `min_new_tokens`, so the reference is the decoding
 that lookahead is exact to. When
 the generation parameters ask for sampling (`temperature` > 0, from the
-sampling issue), generate samples with the same temperature / top_k / top_p,
+sampling issue), generate samples with the same temperature / top_k / top_p / min_p,
 seeded from (seed, request); its draws are not lookahead's, so sampled
 outputs are not expected to be identical.
 """
@@ -67,8 +67,8 @@ def autoregressive_generate(
     temperature = float(getattr(generation, "temperature", 0.0) or 0.0)
     sampling = dict(do_sample=False)
     if temperature > 0:
-        sampling = dict(do_sample=True, temperature=temperature,
-                        top_k=getattr(generation, "top_k", 0) or None, top_p=getattr(generation, "top_p", 1.0))
+        sampling = dict(do_sample=True, temperature=temperature, top_k=generation.top_k or None,
+                        top_p=generation.top_p, min_p=generation.min_p or None)
         key = f"{getattr(generation, 'seed', 0)}|{request}".encode()
         torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
     config = GenerationConfig(max_new_tokens=generation.max_new_tokens, num_beams=1,

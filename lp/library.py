@@ -6,7 +6,7 @@
 `lookahead` is a `custom_generate` callable: transformers' `generate` prepares the inputs and the
 generation config (the model's own `generation_config` merged with the call's arguments) and hands the
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
-`do_sample` with `temperature` / `top_k` / `top_p`, `repetition_penalty`, `min_new_tokens` / `min_length`,
+`do_sample` with `temperature` / `top_k` / `top_p` / `min_p`, `repetition_penalty`, `min_new_tokens` / `min_length`,
 `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
@@ -41,6 +41,7 @@ import torch
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -54,7 +55,7 @@ from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
-_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)   # generate's order
 _LENGTHS = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
@@ -198,8 +199,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
 def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
              stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, repetition_penalty: float = 1.0, min_new_tokens: int = 0, seed: int = 0,
-             streamer=None, **lookahead_keys) -> list[GenerationResult]:
+             top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, min_new_tokens: int = 0,
+             seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
@@ -217,14 +218,14 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
     knobs, problems = check_types("generate", GenerationParams, dict(    # the job config's own kinds check
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
         repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens))
     if problems:
         raise ValueError("\n".join(problems))
     if do_sample and not knobs["temperature"] > 0:
         raise ValueError(f"do_sample=True needs a temperature > 0 (got {temperature!r}); do_sample=False is greedy")
     if not do_sample:
-        knobs.update(temperature=0.0, top_k=0, top_p=1.0)
+        knobs.update(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
     generation = GenerationParams(**knobs, stop=tuple(stop_strings))
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
@@ -288,10 +289,10 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
     """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
     row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
     penalty and min_length / min_new_tokens (on the config's eos ids) before any top-k / top-p
-    warper, then temperature, top-k, top-p, each at most once, in that order (generate's), with the
+    warper, then temperature, top-k, top-p, min-p, each at most once, in that order (generate's), with the
     default filter value and min_tokens_to_keep 1. Refuses any other processor, and warpers or
     processors lp would not apply as given. `shape`: the input_ids' [batch, length]."""
-    temperature, top_k, top_p = (1.0 if do_sample else 0.0), 0, 1.0
+    temperature, top_k, top_p, min_p = (1.0 if do_sample else 0.0), 0, 1.0, 0.0
     penalty, least, ignored, cut = 1.0, 0, None, None
     last = -1
     for p in processors:
@@ -314,13 +315,13 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
         if not isinstance(p, _WARPERS):
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
                              f"applies repetition_penalty, min_length / min_new_tokens, and samples with "
-                             f"temperature, top_k and top_p")
+                             f"temperature, top_k, top_p and min_p")
         kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
         keep = getattr(p, "min_tokens_to_keep", 1)
         if kind <= last or keep != 1 or getattr(p, "filter_value", -float("inf")) != -float("inf"):
             if do_sample:
-                raise ValueError(f"lp.lookahead samples with one temperature, top_k and top_p warper each, in "
-                                 f"generate's order and settings; it cannot apply {type(p).__name__} here "
+                raise ValueError(f"lp.lookahead samples with one temperature, top_k, top_p and min_p warper each, "
+                                 f"in generate's order and settings; it cannot apply {type(p).__name__} here "
                                  f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
             continue   # greedy: no warper moves the argmax
         last, cut = kind, (p if kind > 0 else cut)
@@ -328,9 +329,11 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
             temperature = float(p.temperature)
         elif isinstance(p, TopKLogitsWarper):
             top_k = int(p.top_k)
-        else:
+        elif isinstance(p, TopPLogitsWarper):
             top_p = float(p.top_p)
-    out = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else {}
+        else:
+            min_p = float(p.min_p)
+    out = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p) if do_sample else {}
     return {**out, "repetition_penalty": penalty, "min_new_tokens": max(least, 0)}, ignored
 
 

@@ -2,7 +2,8 @@
 # The lower end of the transformers range lp declares (pyproject.toml: "transformers>=X.Y"): a
 # virtual environment over the current Python's packages (lp, torch and the rest as installed)
 # with only transformers X.Y.* in it, running the tests that touch transformers' cache, attention
-# and generate (every call lives in lp/decode/kv_cache.py, lp/decode/arch.py and lp/library.py):
+# and generate (every call lives in lp/decode/kv_cache.py, lp/decode/arch.py and lp/library.py; the
+# processors lp applies as generate does, lp/decode/processors.py):
 # batched and single rounds against generate in float64, the architecture matrix, op and sync
 # counts, the library entry and batched jobs under torchrun (the GPU machine has the lower end).
 #   bash scripts/test_oldest_transformers.sh          # after scripts/install.sh; about 5 minutes on 2 cores
@@ -20,4 +21,4 @@ print(f"transformers {transformers.__version__} from {transformers.__file__}")
 EOF
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/test_batch.py tests/test_prefix.py tests/test_architectures.py tests/test_exactness.py \
-    tests/test_round_ops.py tests/test_syncs.py tests/test_library.py tests/test_batch_jobs.py
+    tests/test_round_ops.py tests/test_syncs.py tests/test_library.py tests/test_batch_jobs.py tests/test_processors.py

@@ -138,18 +138,20 @@ def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
 
 
 def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
-    """Under sampling the drop-in hands the engine generate's penalty and EOS hold-back with the warpers
-    (the engine's sampling with them is tested against a plain loop: tests/test_processors.py)."""
+    """Under sampling the drop-in hands the engine generate's penalty and EOS hold-back with the warpers,
+    min_p and a top_p of 0 (generate keeps one token) included (the engine's sampling with them is tested
+    against a plain loop: tests/test_processors.py, tests/test_sampling.py)."""
     seen = []
     engine_call = lp.library.lookahead_generate
     monkeypatch.setattr(lp.library, "lookahead_generate",
                         lambda *a, **k: seen.append((a[3], k["penalized"])) or engine_call(*a, **k))
     ids = torch.tensor([PROMPTS[1]])
-    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=0.9, top_k=7,
-                   repetition_penalty=1.3, min_new_tokens=4, max_new_tokens=8, pad_token_id=0, eos_token_id=2,
-                   custom_generate=lp.lookahead)
+    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=0.9, top_k=7, top_p=0.0,
+                   min_p=0.05, repetition_penalty=1.3, min_new_tokens=4, max_new_tokens=8, pad_token_id=0,
+                   eos_token_id=2, custom_generate=lp.lookahead)
     (gen, penalized), = seen
-    assert (gen.temperature, gen.top_k, gen.repetition_penalty, gen.min_new_tokens) == (0.9, 7, 1.3, 4)
+    assert (gen.temperature, gen.top_k, gen.top_p, gen.min_p) == (0.9, 7, 0.0, 0.05)
+    assert (gen.repetition_penalty, gen.min_new_tokens) == (1.3, 4)
     assert penalized == PROMPTS[1]
 
 

@@ -243,7 +243,7 @@ def test_same_seed_same_output_and_seed_matters(model8):
 def plain_sampling(model, prompt, gen, request):
     """The reference: an autoregressive loop, one full forward per token (no cache), drawing the k-th
     new token from the model's warped distribution by inverse CDF with the request's u_k."""
-    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p, gen.min_p), list(prompt)
     for k in range(gen.max_new_tokens):
         seq.append(sample(distribution(last_logits(model, seq), warp), draws.uniform(k)))
     return seq[len(prompt):]
@@ -252,13 +252,14 @@ def plain_sampling(model, prompt, gen, request):
 SAMPLED_PROMPTS = [PROMPT, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [6, 6, 7, 6, 6, 7, 6], [2, 4, 2, 4, 2, 4, 2, 4]]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.6, 0, 1.0), (1.0, 4, 0.9)])
-def test_sampled_tokens_are_plain_sampling_with_the_same_draws(model8, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(0.6, 0, 1.0, 0.0), (1.0, 4, 0.9, 0.0), (1.2, 0, 1.0, 0.2),
+                                                           (1.0, 0, 0.0, 0.0)])
+def test_sampled_tokens_are_plain_sampling_with_the_same_draws(model8, temperature, top_k, top_p, min_p):
     """float64: every request's sampled tokens are, token for token, those of a plain sampling loop
     drawing the k-th new token with u_k, whatever the trees: window, lookup or both, one request or
     batches of 3 (host and device walks), and trees cut by a row budget. So a seed's output is the
     same on every run, at every batch size and budget, not only equally distributed."""
-    gen = GenerationParams(24, temperature=temperature, top_k=top_k, top_p=top_p, seed=9)
+    gen = GenerationParams(24, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=9)
     prompts = SAMPLED_PROMPTS * 2
     want = [plain_sampling(model8, p, gen, request) for request, p in enumerate(prompts)]
     multi = 0

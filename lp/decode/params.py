@@ -97,9 +97,10 @@ class GenerationParams:
     # how a job decodes: "lookahead" (this module) or "autoregressive" (transformers generate,
     # lp.baseline); lookahead_generate itself ignores it
     method: str = "lookahead"
-    temperature: float = 0.0   # 0: greedy; else sample (temperature, then top_k, then top_p, as generate)
+    temperature: float = 0.0   # 0: greedy; else sample (temperature, top_k, top_p, min_p, as generate)
     top_k: int = 0             # 0: off
-    top_p: float = 1.0         # 1: off
+    top_p: float = 1.0         # 1: off (0: the most likely token only, as generate keeps one)
+    min_p: float = 0.0         # 0: off; else drop tokens below min_p x the most likely one's probability
     seed: int = 0              # draws are a function of (seed, request, position)
     # generate's processors, before the warpers (lp/decode/processors.py): a token the input already
     # holds (prompt and output) has its score s made s * p when s < 0, else s / p (1: off); and no EOS
@@ -124,8 +125,10 @@ class GenerationParams:
             out.append(f"generation.temperature: {self.temperature!r} must be a finite number >= 0 (0 is greedy)")
         if self.top_k < 0:
             out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
-        if not 0 < self.top_p <= 1:
-            out.append(f"generation.top_p: {self.top_p!r} must be in (0, 1] (1 is off)")
+        if not 0 <= self.top_p <= 1:
+            out.append(f"generation.top_p: {self.top_p!r} must be in [0, 1] (1 is off)")
+        if not 0 <= self.min_p <= 1:
+            out.append(f"generation.min_p: {self.min_p!r} must be in [0, 1] (0 is off)")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
                        f"(1 is off)")

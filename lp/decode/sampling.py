@@ -1,8 +1,9 @@
 """Exact sampling verification (DESIGN.md section 4).
 
-The target distribution of a row is transformers' own: logits -> temperature
--> top-k -> top-p (the warpers `generate` uses, in its order), softmax in
-float64. The candidates form a token tree (lp/decode/tree.py). Starting at
+The target distribution of a row is transformers' own: logits (after the
+repetition penalty and EOS hold-back, lp/decode/processors.py) -> temperature
+-> top-k -> top-p -> min-p (the warpers `generate` uses, in its order),
+softmax in float64. The candidates form a token tree (lp/decode/tree.py). Starting at
 the root (the ordinary row's distribution p), a node's children are tested
 in child order as one-hot proposals: child c is accepted with probability
 p(g_c); on rejection p(g_c) is set to 0 and p renormalised (the residual);
@@ -41,6 +42,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -50,12 +52,15 @@ from lp.decode.tree import TokenTree
 from lp.decode.verify import node_mismatch
 
 
-def warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
+def warpers(temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> LogitsProcessorList:
+    """transformers' sampling warpers in generate's order: temperature, top-k, top-p, min-p."""
     out = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
     if top_k > 0:
         out.append(TopKLogitsWarper(top_k))
     if top_p < 1.0:
         out.append(TopPLogitsWarper(top_p))
+    if min_p > 0.0:
+        out.append(MinPLogitsWarper(min_p))
     return out
 
 
