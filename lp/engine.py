@@ -283,17 +283,18 @@ class Rounds:
         logits, seen, slots = forward_round(self.model, dev, n, shape, states[0].row, cache, self.kinds, self.compiled,
                                             span)
         frame = logits[:, shape.k - shape.frame:]        # [n, D + 1 + N, V]: deep frame, z*'s row, node frame
-        predicted = frame.argmax(-1)                     # the window stays greedy whatever the sampling
         v = {name: dev[name].view(n, -1) for name in ("tok", "par", "depth", "step", "dst", "meta", "rows")}
         nodes, d = shape.nodes, shape.deep
         v["nslot"] = slots[:, shape.q - nodes:]         # the node frame's cache slots
+        ancestors = None
         if nodes or self.warp is not None or self.processors is not None:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
-            target, chosen = frame[:, d:], predicted[:, d:]   # z*'s row and the node frame's: what verification reads
-            if self.processors is not None:                   # each row's own penalty and EOS hold-back
-                target = self.processors.apply(target, states, dev, v["tok"], ancestors)
-                chosen = target.argmax(-1)
-            first, off_path, emitted = self.verdict(states, plans, shape, dev, v, target, chosen, ancestors)
+        if self.processors is not None:                 # each row's own penalty and EOS hold-back
+            frame = self.processors.apply(frame, d, states, dev, v["tok"], ancestors)
+        predicted = frame.argmax(-1)                    # the window stays greedy whatever the sampling
+        if ancestors is not None:   # z*'s row and the node frame's: what verification reads
+            first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame[:, d:], predicted[:, d:],
+                                                    ancestors)
         else:        # greedy, no tree on this rank: z* alone
             first, off_path, emitted = predicted[:, d], v["tok"] < 0, v["tok"]
         hits, node, after, slot = path_verdicts(first, off_path, emitted, v["depth"], v["step"], v["meta"][:, 0],

@@ -37,6 +37,7 @@ against rows, so a configuration can be read against the peer at equal rows.
     python scripts/bench_core.py --seeding on --prompt-lookup 10 \\
         --configs "15,5,15;0,3,0,2,10,3;15,5,15,2,10,3"  # lookahead, lookup, both, and prompt lookup
     python scripts/bench_core.py --temperature 0.7 --top-p 0.9 --configs "15,5,15;7,5,7" --seeding on
+    python scripts/bench_core.py --repetition-penalty 1.2 --seeding on   # generate's penalty, every system
     python scripts/bench_core.py --seeding on --suffix-peer 32,8 \
         --configs "0,4,0,suffix_factor=8,suffix_tokens=32,suffix_min_score=0.1,job_cache=true"
     python scripts/bench_core.py --data classeval --data-path ../shared/data/ClassEval_data.json --limit 10 --chat
@@ -134,6 +135,10 @@ def label(p: LookaheadParams) -> str:
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: exact sampling (and plain sampling as the baseline)")
 @click.option("--top-k", default=0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)
+@click.option("--repetition-penalty", "repetition_penalty", default=1.0, show_default=True,
+              help="generate's repetition penalty, for every system (1: off)")
+@click.option("--min-new-tokens", "min_new_tokens", default=0, show_default=True,
+              help="no EOS before this many new tokens, for every system (0: off)")
 @click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F[;B,F...]",
               help="also simulate SuffixDecoding (arctic-inference) with tree drafts of at most B nodes and "
                    "F x match length, with and without its global cache (greedy only); several B,F "
@@ -149,10 +154,13 @@ def label(p: LookaheadParams) -> str:
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
-         temperature, top_k, top_p, suffix_peer, compile_mode, cpu_linear, threads, json_out):
+         temperature, top_k, top_p, repetition_penalty, min_new_tokens, suffix_peer, compile_mode, cpu_linear, threads,
+         json_out):
     if threads:
         torch.set_num_threads(threads)
-    gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
+    processors = dict(repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens or None)  # plain's
     seedings = {"on": [True], "off": [False], "both": [True, False]}[seeding]
     variants = [LookaheadParams(**{**vars(p), "pool_seeding": s}) for p in parse_configs(configs) for s in seedings]
     try:
@@ -217,17 +225,17 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     for i, problem in enumerate(prompts):
         ids = problem["ids"]
         torch.manual_seed(i)
-        ref = generate(model, ids, max_new_tokens, eos, sampling)
+        ref = generate(model, ids, max_new_tokens, eos, sampling, **processors)
         add(systems[0], ref.ids, ref.ids, ref.seconds, ref.forwards, ref.rows, ref.rows - len(ids))
         greedy_runs.append((ids, ref.ids))
         line = [f"{problem['task_id']:>14} {base} {len(ref.ids) / ref.seconds:6.1f} tok/s"]
         if kernels == "onednn":
             torch.manual_seed(i)
-            st = generate(stock, ids, max_new_tokens, eos, sampling)
+            st = generate(stock, ids, max_new_tokens, eos, sampling, **processors)
             add(f"plain {base}, torch linear", st.ids, ref.ids, st.seconds, st.forwards, st.rows, st.rows - len(ids))
             line.append(f"torch linear {len(st.ids) / st.seconds:6.1f} tok/s")
         if prompt_lookup:
-            pl = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup)
+            pl = generate(model, ids, max_new_tokens, eos, prompt_lookup_num_tokens=prompt_lookup, **processors)
             add(f"prompt lookup k={prompt_lookup}", pl.ids, ref.ids, pl.seconds, pl.forwards, pl.rows,
                 pl.rows - len(ids))
             line.append(f"PLD S={len(pl.ids) / pl.forwards:.2f}{'' if pl.ids == ref.ids else ' DIFF'}")
@@ -250,6 +258,8 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     plain = stats[systems[0]]
     plain_tps = plain["tokens"] / plain["seconds"]
     mode = f"sampling T={temperature} top_k={top_k} top_p={top_p}" if gen.sampling else "greedy"
+    if repetition_penalty != 1.0 or min_new_tokens:
+        mode += f", repetition_penalty {repetition_penalty}, min_new_tokens {min_new_tokens}"
     names = {"humaneval": "HumanEval", "classeval": "ClassEval"}
     click.echo(f"\nmodel {model_name} {dtype}, {kernels} linear kernels, {len(prompts)} {names[data]} prompts"
                f"{' (chat)' if chat else ''}, {max_new_tokens} new tokens, "
@@ -260,6 +270,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
                f"{'tok/s':>7} {'ratio':>6} {'rows/rnd':>8} {'rows/dec':>8} {'host ms':>8} {'ops/rnd':>7}")
     report = {"model": model_name, "dtype": dtype, "cpu_linear": kernels, "data": data, "chat": chat,
               "temperature": temperature, "top_k": top_k, "top_p": top_p,
+              "repetition_penalty": repetition_penalty, "min_new_tokens": min_new_tokens,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}
     for name, st in stats.items():

@@ -70,6 +70,28 @@ def test_bench_core_float32_shares_onednn_linears_and_times_a_stock_copy(tmp_pat
         assert s["same_as_plain"] == 2 and s["tokens"] == report["plain_tokens"] and s["tokens_per_s"] > 0
 
 
+def test_bench_core_applies_the_processors_to_every_system(tmp_path):
+    """--repetition-penalty and --min-new-tokens reach plain greedy and lookahead alike (float64: the same
+    ids), and change them; the processors' ops per round stay within their bound."""
+    def run(*extra):
+        out = tmp_path / "core.json"
+        cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
+               "--dtype", "float64", "--limit", "2", "--max-new-tokens", "24", "--threads", "1", "--seeding", "on",
+               "--json-out", str(out), "--configs", "3,4,3,2,8,2", *extra]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(out.read_text()), proc.stdout
+    free, _ = run()
+    report, stdout = run("--repetition-penalty", "1.5", "--min-new-tokens", "4")
+    assert report["repetition_penalty"] == 1.5 and "repetition_penalty 1.5, min_new_tokens 4" in stdout
+    assert all(s["same_as_plain"] == 2 for s in report["systems"])
+    assert report["plain_tokens"] == report["systems"][1]["tokens"]
+    assert report["systems"][1]["ops_per_round"] <= 60       # tests/test_round_ops.py: 30 + 30
+    assert [s["tokens"] for s in report["systems"]] != [s["tokens"] for s in free["systems"]] or \
+        report["systems"][1]["forwards"] != free["systems"][1]["forwards"]
+
+
 def test_bench_core_rejects_a_bad_config():
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--configs", "3,4"]
     proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,

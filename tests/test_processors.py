@@ -61,8 +61,10 @@ def test_each_row_is_transformers_processors_after_its_own_input(dtype):
             frame["end"] += list(range(len(frame["end"]) + 1, size + 1))
         tok = torch.tensor([f["tok"] for _, _, f in rounds])
         ancestors = frame_ancestors(torch.tensor([f["end"] for _, _, f in rounds]))
-        scores = torch.randn(n, 1 + size, vocab, dtype=torch.float64).mul(3).to(dtype)
-        scores[0, 0, 2] = 0.0         # a zero score: divided, not multiplied
+        deep = 2                      # the window's deepest cells come first: the penalty before the round
+        scores = torch.randn(n, deep + 1 + size, vocab, dtype=torch.float64).mul(3).to(dtype)
+        scores[0, deep, 2] = 0.0      # a zero score: divided, not multiplied
+        given = scores.clone()
         seen = torch.zeros(n, vocab + 1, dtype=torch.bool)
         for b, (_, committed, _) in enumerate(rounds):
             seen[b, [min(t, vocab) for t in committed]] = True
@@ -70,23 +72,29 @@ def test_each_row_is_transformers_processors_after_its_own_input(dtype):
         eos = torch.zeros(vocab, dtype=torch.bool)
         eos[[1, 6]] = True
         hold = torch.tensor([[int(k + d < least) for d in [0, *f["depth"]]] for k, (_, _, f) in zip(made, rounds)])
-        got = process_rows(scores, seen if penalty != 1.0 else None, tok, ancestors,
+        got = process_rows(scores, deep, seen if penalty != 1.0 else None, tok, ancestors,
                            hold.bool() if least else None, eos if least else None, penalty)
         want_dtype = torch.float32 if dtype == torch.float16 else dtype
-        assert got.dtype == want_dtype
+        assert got.dtype == want_dtype and torch.equal(scores, given)      # the logits are left as they were
         checked = 0
         for b, (tree, committed, frame) in enumerate(rounds):
+            held = [t for t in committed if t < vocab]
+            for cell in range(deep):      # no hold-back in the window
+                want = scores[b, cell][None].to(want_dtype)
+                if penalty != 1.0 and held:
+                    want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([held]), want)
+                assert torch.equal(got[b, cell], want[0]), (penalty, least, b, cell)
             for row in range(1 + len(tree)):
                 path = [tree.tokens[u] for u in reversed(tree.path(row - 1))] if row else []
                 ids = torch.tensor([committed + path])
-                want = scores[b, row][None].to(want_dtype)
+                want = scores[b, deep + row][None].to(want_dtype)
                 held = [t for t in committed + path if t < vocab]   # ids past the logits: none (5.17 fails on them)
                 if penalty != 1.0 and held:
                     want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([held]), want)
                 if least:   # the row predicts new token made + depth; generate counts from the prompt's end
                     skip = ids.shape[1] - (made[b] + len(path))
                     want = MinNewTokensLengthLogitsProcessor(skip, least, [1, 6])(ids, want)
-                assert torch.equal(got[b, row], want[0]), (penalty, least, b, row, committed, path)
+                assert torch.equal(got[b, deep + row], want[0]), (penalty, least, b, row, committed, path)
                 checked += 1
         assert checked > 3 * n
 

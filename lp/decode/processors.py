@@ -6,8 +6,9 @@ own: z*'s row predicts the request's k-th new token (k committed so far) from th
 committed output; a tree node at depth d predicts token k + d from those and the tokens of its own
 path, itself included. Applied to every row before the argmax (greedy) or the warpers (sampling),
 the walk accepts a node exactly when plain decoding with the same processors would have produced
-its token, so exactness holds as without them. The window's rows stay greedy on the raw logits:
-they only propose.
+its token, so exactness holds as without them. The window's deepest cells (the rows whose argmax
+feeds the pool) get the penalty of the request's tokens before the round: they only propose, but
+guesses from raw logits would rarely match a penalised output.
 
 - **Repetition penalty** (transformers' RepetitionPenaltyLogitsProcessor): a score s of a token
   the row's input holds becomes s * p when s < 0, else s / p. The request's tokens before the round
@@ -38,14 +39,16 @@ def penalize(scores: torch.Tensor, penalty: float) -> torch.Tensor:
     return torch.where(scores < 0, scores * penalty, scores / penalty)
 
 
-def process_rows(target: torch.Tensor, seen: torch.Tensor | None, tok: torch.Tensor, ancestors: torch.Tensor,
-                 hold: torch.Tensor | None, eos: torch.Tensor | None, penalty: float) -> torch.Tensor:
-    """The processed scores of a round's verified rows, [n, 1 + N, V]: `target` holds z*'s row then the
-    node frame's N rows; `seen` [n, V + 1] bool the tokens each request's input held before the
-    round (None: no penalty); `tok` [n, N] the node frame's tokens (-1: PAD); `ancestors` [n, N, N]
-    bool, (i, j) when node j is i or one of its ancestors; `hold` [n, 1 + N] bool the rows whose
-    `eos` ([V] bool) scores are held at -inf (None: none)."""
-    scores = target if target.dtype in (torch.float32, torch.float64) else target.float()
+def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok: torch.Tensor,
+                 ancestors: torch.Tensor, hold: torch.Tensor | None, eos: torch.Tensor | None,
+                 penalty: float) -> torch.Tensor:
+    """The processed scores of a round's frame, [n, D + 1 + N, V]: `frame` holds the window's `deep`
+    (D) deepest cells, z*'s row, then the node frame's N rows; `seen` [n, V + 1] bool the tokens each
+    request's input held before the round (None: no penalty); `tok` [n, N] the node frame's tokens
+    (-1: PAD); `ancestors` [n, N, N] bool, (i, j) when node j is i or one of its ancestors; `hold`
+    [n, 1 + N] bool the verified rows (z*'s, the nodes') whose `eos` ([V] bool) scores are held at
+    -inf (None: none). The window's cells get the penalty of `seen` alone, and no hold-back."""
+    scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
     out = scores
     if seen is not None:
         v = scores.shape[-1]
@@ -62,10 +65,12 @@ def process_rows(target: torch.Tensor, seen: torch.Tensor | None, tok: torch.Ten
             same = ((col[:, :, None] == col[:, None, :]) & valid[:, :, None]).to(scores.dtype)
             held = (torch.bmm(ancestors.to(scores.dtype), same) > 0) | seen.gather(1, col)[:, None, :]
             index = col[:, None, :].expand(n, nodes, nodes)
-            rows = torch.where(held, hit[:, 1:].gather(2, index), scores[:, 1:].gather(2, index))
-            out[:, 1:].scatter_(2, index, rows)
+            first = deep + 1
+            rows = torch.where(held, hit[:, first:].gather(2, index), scores[:, first:].gather(2, index))
+            out[:, first:].scatter_(2, index, rows)
     if hold is not None:
-        out = out.masked_fill(hold[:, :, None] & eos, float("-inf"))
+        out = out.clone() if out is frame else out      # never write the model's logits
+        out[:, deep:].masked_fill_(hold[:, :, None] & eos, float("-inf"))
     return out
 
 
@@ -88,12 +93,12 @@ class Processors:
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], nodes: int) -> dict[str, list[int]]:
         """The round's upload for them: per request the tokens committed since its last round
         ("fresh", padded alike) and which of its verified rows hold EOS back ("hold": z*'s row,
-        then the node frame's)."""
+        then the node frame's; none once every request has min_new_tokens)."""
         out: dict[str, list[int]] = {}
         if self.penalty != 1.0:
             width = max(1, *(len(s.unseen) for s in states))
             out["fresh"] = [t for s in states for t in [*s.unseen, *[FRESH_PAD] * (width - len(s.unseen))]]
-        if self.least:
+        if any(s.generated < self.least for s in states):
             out["hold"] = []
             for state, plan in zip(states, plans):
                 k, depths = state.generated, plan.tree.depths
@@ -101,11 +106,11 @@ class Processors:
                 out["hold"] += [0] * (nodes - len(plan.nodes))
         return out
 
-    def apply(self, target: torch.Tensor, states: Sequence[RequestState], dev: dict[str, torch.Tensor],
+    def apply(self, frame: torch.Tensor, deep: int, states: Sequence[RequestState], dev: dict[str, torch.Tensor],
               tok: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-        """`target`'s rows processed (process_rows), each request's presence brought up to date first
-        with its fresh tokens (they leave the host's `unseen`)."""
-        n, v = target.shape[0], target.shape[-1]
+        """The round's `frame` processed (process_rows), each request's presence brought up to date
+        first with its fresh tokens (they leave the host's `unseen`)."""
+        n, v = frame.shape[0], frame.shape[-1]
         seen = hold = eos = None
         if self.penalty != 1.0:
             if self.empty is None:
@@ -114,10 +119,10 @@ class Processors:
             seen.scatter_(1, dev["fresh"].view(n, -1).clamp(max=v), True)
             for i, state in enumerate(states):
                 state.seen, state.unseen = seen[i], []
-        if self.least:
+        if "hold" in dev:
             if self.eos is None:
                 self.eos = torch.zeros(v, dtype=torch.bool)
                 self.eos[[t for t in self.eos_ids if 0 <= t < v]] = True
                 self.eos = self.eos.to(self.device)
             hold, eos = dev["hold"].view(n, -1).bool(), self.eos
-        return process_rows(target, seen, tok, ancestors, hold, eos, self.penalty)
+        return process_rows(frame, deep, seen, tok, ancestors, hold, eos, self.penalty)
