@@ -185,3 +185,16 @@ def test_processors_are_checked():
         lookahead_generate(None, [1], LookaheadParams(), GenerationParams(4, repetition_penalty=0.0))
     with pytest.raises(ValueError, match=r"generation.min_new_tokens: -2 must be >= 0"):
         lookahead_generate(None, [1], LookaheadParams(), GenerationParams(4, min_new_tokens=-2))
+
+
+def test_processors_on_compiled_rounds_layout(model, monkeypatch):
+    """Compiled rounds keep every fed row's logits (K = Q): the processors read the frame at the end of
+    them, and give generate's ids (the compiled layout with an eager forward, as tests/test_compile.py)."""
+    import lp.engine as engine
+
+    monkeypatch.setattr(engine, "compiled_forward", lambda m, mode: None if mode == "off" else m)
+    penalty, least, eos = KNOBS[3]
+    gen = GenerationParams(NEW, repetition_penalty=penalty, min_new_tokens=least)
+    for p in PROMPTS:
+        r = lookahead_generate(model, p, CONFIGS[1], gen, eos_token_ids=[eos], compile_mode="default")
+        assert r.token_ids == generate_ids(model, p, penalty, least, eos), p

@@ -54,6 +54,20 @@ def test_one_read_and_one_upload_per_round(model16, corpus, uploads, name, param
         assert all("draws" in s for s in uploads)     # the walk's draws, in the one upload
 
 
+@pytest.mark.parametrize("gen", [GenerationParams(24, repetition_penalty=1.3, min_new_tokens=12),
+                                 GenerationParams(24, temperature=0.7, repetition_penalty=1.3, min_new_tokens=12)])
+def test_the_processors_read_and_copy_nothing_more(model16, corpus, uploads, gen):
+    """The repetition penalty's tokens and the EOS hold-back travel in the round's one upload; the
+    processors read nothing back."""
+    params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=6)
+    with HostWaits() as waits:
+        r = lookahead_generate(model16, PROMPT, params, gen, sampling_on_device=True, eos_token_ids=[3])
+    assert r.forwards > 3 and max(r.emitted_per_round) > 1
+    assert sum(waits.reads.values()) == r.forwards, waits.reads
+    assert len(uploads) == r.forwards and ours(waits.uploads) == 0, waits.uploads
+    assert all("fresh" in s for s in uploads) and "hold" in uploads[0]
+
+
 def test_the_counter_sees_what_it_must():
     """The counting mode itself: each kind of wait is seen (so the zeros above mean something)."""
     x = torch.arange(4)

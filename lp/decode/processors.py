@@ -76,7 +76,7 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
 
 class Processors:
     """The repetition penalty and min_new_tokens of a decode: what a round uploads for them and
-    their work on its verified rows. Each request keeps its tokens not yet on the device
+    their work on its frame. Each request keeps its tokens not yet on the device
     (`RequestState.unseen`) and its device presence row (`RequestState.seen`)."""
 
     def __init__(self, generation: GenerationParams, eos_token_ids: Sequence[int], device: torch.device):
@@ -120,9 +120,10 @@ class Processors:
             for i, state in enumerate(states):
                 state.seen, state.unseen = seen[i], []
         if "hold" in dev:
-            if self.eos is None:
-                self.eos = torch.zeros(v, dtype=torch.bool)
-                self.eos[[t for t in self.eos_ids if 0 <= t < v]] = True
-                self.eos = self.eos.to(self.device)
+            if self.eos is None:        # filled id by id: a few fills once, no copy from the host
+                self.eos = torch.zeros(v, dtype=torch.bool, device=self.device)
+                for t in self.eos_ids:
+                    if 0 <= t < v:
+                        self.eos[t] = True
             hold, eos = dev["hold"].view(n, -1).bool(), self.eos
         return process_rows(frame, deep, seen, tok, ancestors, hold, eos, self.penalty)
