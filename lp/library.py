@@ -33,6 +33,7 @@ generator, so `torch.manual_seed` makes a call reproducible).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import sys
 from typing import Mapping, Sequence
@@ -217,9 +218,11 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         stop_strings = ()
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
-    knobs, problems = check_types("generate", GenerationParams, dict(    # the job config's own kinds check
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-        repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens))
+    given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                 seed=seed, repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
+    defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
+    given = {k: defaults[k].default if v is None else v for k, v in given.items()}
+    knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
     if problems:
         raise ValueError("\n".join(problems))
     if do_sample and not knobs["temperature"] > 0:
@@ -317,14 +320,15 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
                              f"applies repetition_penalty, min_length / min_new_tokens, and samples with "
                              f"temperature, top_k, top_p and min_p")
         kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
+        cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
         keep = getattr(p, "min_tokens_to_keep", 1)
         if kind <= last or keep != 1 or getattr(p, "filter_value", -float("inf")) != -float("inf"):
             if do_sample:
                 raise ValueError(f"lp.lookahead samples with one temperature, top_k, top_p and min_p warper each, "
                                  f"in generate's order and settings; it cannot apply {type(p).__name__} here "
                                  f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
-            continue   # greedy: no warper moves the argmax
-        last, cut = kind, (p if kind > 0 else cut)
+            continue   # greedy: no warper alone moves the argmax
+        last = kind
         if isinstance(p, TemperatureLogitsWarper):
             temperature = float(p.temperature)
         elif isinstance(p, TopKLogitsWarper):

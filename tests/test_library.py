@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
 )
 
 import lp
+import lp.library
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationParams
 from lp.models import TinyTokenizer, tiny_random_llama
@@ -104,6 +105,9 @@ class Never(StoppingCriteria):
     (dict(suppress_tokens=[3]), r"SuppressTokensLogitsProcessor \(suppress_tokens\)"),
     (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2)])),
      r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the top-k and top-p warpers"),
+    (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(2, filter_value=-1e9),    # greedy skips it, but
+                                                RepetitionPenaltyLogitsProcessor(3.0)])),  # its cut still counts
+     r"cannot apply it after TopKLogitsWarper"),
     (dict(logits_processor=LogitsProcessorList([MinNewTokensLengthLogitsProcessor(12, 3, [4])]), eos_token_id=5),
      r"holds back \[4\]"),
     (dict(max_time=30.0), r"MaxTimeCriteria \(max_time\)"),
@@ -263,6 +267,9 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
     assert one.token_ids == listed.token_ids and one.finish_reason == "stop"
     with pytest.raises(ValueError, match="temperature > 0"):
         lp.generate(model, PROMPTS[0], do_sample=True, temperature=0.0)
+    none = dict(temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, min_new_tokens=None)
+    assert lp.generate(model, PROMPTS[0], max_new_tokens=8, **none)[0].token_ids == \
+        lp.generate(model, PROMPTS[0], max_new_tokens=8)[0].token_ids           # None is off, as for generate
     with pytest.raises(ValueError, match=r"generate.max_new_tokens: 1.5 must be an integer"):
         lp.generate(model, PROMPTS[0], max_new_tokens=1.5)
     with pytest.raises(ValueError, match=r"generate.repetition_penalty: 'x' must be a number"):

@@ -19,8 +19,10 @@ guesses from raw logits would rarely match a penalised output.
   min_new_tokens (transformers' MinNewTokensLengthLogitsProcessor; MinLengthLogitsProcessor is the
   same with the prompt's length taken off).
 
-Scores are processed in float32 as generate processes them (float64 logits stay float64), in its
-order: the penalty, then the hold-back, then the sampling warpers.
+Scores are processed in float32 as generate processes them, in its order: the penalty, then the
+hold-back, then the sampling warpers. float64 logits stay float64, where generate casts them to
+float32 first: as for lp's plain argmax, the two differ only at a near-tie below float32's
+resolution.
 """
 from __future__ import annotations
 
