@@ -9,7 +9,8 @@ by token from a stopping criterion, so generate stops there too).
 Greedy is argmax: while `generate` runs, the model's own generation config
 (which may carry e.g. a repetition penalty or sampling defaults from the Hub)
 is swapped for one holding only the special token ids and the job's own
-`repetition_penalty` and `min_new_tokens`, so the reference is the decoding
+processors (`repetition_penalty`, `min_new_tokens`, `no_repeat_ngram_size`,
+`bad_words_ids`), so the reference is the decoding
 that lookahead is exact to. When
 the generation parameters ask for sampling (`temperature` > 0, from the
 sampling issue), generate samples with the same temperature / top_k / top_p / min_p,
@@ -74,7 +75,9 @@ def autoregressive_generate(
     config = GenerationConfig(max_new_tokens=generation.max_new_tokens, num_beams=1,
                               eos_token_id=eos or None, pad_token_id=pad, bos_token_id=own.bos_token_id,
                               repetition_penalty=generation.repetition_penalty,
-                              min_new_tokens=generation.min_new_tokens or None, **sampling)
+                              min_new_tokens=generation.min_new_tokens or None,
+                              no_repeat_ngram_size=generation.no_repeat_ngram_size or None,
+                              bad_words_ids=[list(w) for w in generation.bad_words_ids] or None, **sampling)
     x = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     start = time.perf_counter()
     model.generation_config = config  # neutral: no processors from the checkpoint's generation config

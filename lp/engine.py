@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from lp.decode.arch import check_model, draft_ceiling, reencode_position, rope_threshold
+from lp.decode.arch import check_model, draft_ceiling, logits_size, reencode_position, rope_threshold
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, DraftBackoff, ranked_chances, rows_per_request
 from lp.decode.device import Uploader
@@ -32,7 +32,7 @@ from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
-from lp.decode.processors import Processors
+from lp.decode.processors import Processors, SeenPrompt
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
@@ -63,7 +63,7 @@ def lookahead_generate(
     compile_mode: str = "off",
     sampling_on_device: bool | None = None,
     streamer=None,
-    penalized: Sequence[int] | None = None,
+    seen_prompt: SeenPrompt | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
@@ -79,12 +79,12 @@ def lookahead_generate(
     (`sampling_on_device`, the default except on a CPU, where reading rows
     lazily costs no sync and warps only the rows the walk visits). A transformers `streamer`
     (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
-    prompt is the caller's to put, as `generate` puts it before decoding. `penalized`: the prompt's
-    tokens the repetition penalty counts (default: all of them). This is `decode_batch` with one
-    request."""
+    prompt is the caller's to put, as `generate` puts it before decoding. `seen_prompt`: the prompt
+    as generate's processors see it (lp.decode.processors.SeenPrompt; default: `input_ids`). This is
+    `decode_batch` with one request."""
     if not len(input_ids):
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
-    (_, result), = decode_batch(model, [(0, input_ids, request, penalized)], lookahead, generation,
+    (_, result), = decode_batch(model, [(0, input_ids, request, seen_prompt)], lookahead, generation,
                                 eos_token_ids=eos_token_ids, tokenizer=tokenizer, comm=comm, corpus=corpus,
                                 compile_mode=compile_mode,
                                 sampling_on_device=sampling_on_device, streamer=streamer)
@@ -130,7 +130,7 @@ def decode_batch(
     draft_cost: float = 0.0,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each, `request` naming it in the sampling draws; or
-    (key, prompt ids, request, the prompt tokens the repetition penalty counts: default all))
+    (key, prompt ids, request, the prompt as generate's processors see it: a SeenPrompt))
     with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
     (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
     a request that ends leaves the batch at once; the next prompt is taken then and its first round
@@ -166,7 +166,7 @@ def decode_batch(
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
-    def start(key, ids, request, penalized=None) -> RequestState | ValueError:
+    def start(key, ids, request, seen_prompt=None) -> RequestState | ValueError:
         nonlocal prompt_tokens
         ids = [int(t) for t in ids]
         if not ids:
@@ -182,7 +182,8 @@ def decode_batch(
                               f"holds (sized for prompts of up to {prompt_tokens} tokens)")
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
-                             streamer=streamer, ceiling=ceiling, reencode_at=reencode_at, penalized=penalized)
+                             streamer=streamer, ceiling=ceiling, reencode_at=reencode_at,
+                             seen_prompt=seen_prompt)
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:
@@ -252,7 +253,7 @@ class Rounds:
         self.on_device = self.device.type != "cpu" if sampling_on_device is None else sampling_on_device
         self.warp = (warpers(generation.temperature, generation.top_k, generation.top_p, generation.min_p)
                      if generation.sampling else None)
-        self.processors = (Processors(generation, eos_token_ids, self.device)
+        self.processors = (Processors(generation, eos_token_ids, self.device, logits_size(model))
                            if Processors.wanted(generation, eos_token_ids) else None)
         self.uploader = Uploader(self.device)
         # the payload's fixed operands, made once: its zeros and its deepest level's padding
@@ -274,8 +275,8 @@ class Rounds:
         if self.warp is not None and self.on_device:      # the walk's draws, every request padded alike
             sections["draws"] = draw_words(plans, [s.draws for s in states], [s.generated for s in states],
                                            shape.nodes)
-        if self.processors is not None:     # the repetition penalty's fresh tokens, the rows holding EOS back
-            sections.update(self.processors.sections(states, plans, shape.nodes))
+        if self.processors is not None:     # what generate's processors need: fresh tokens, held rows, bans
+            sections.update(self.processors.sections(states, plans, shape.deep, shape.nodes))
 
         forward_start = time.perf_counter()      # from here on: the upload, device work, one read
         dev = self.uploader.send(sections)

@@ -6,8 +6,8 @@
 `lookahead` is a `custom_generate` callable: transformers' `generate` prepares the inputs and the
 generation config (the model's own `generation_config` merged with the call's arguments) and hands the
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
-`do_sample` with `temperature` / `top_k` / `top_p` / `min_p`, `repetition_penalty`, `min_new_tokens` / `min_length`,
-`return_dict_in_generate` (`sequences` only) and a
+`do_sample` with `temperature` / `top_k` / `top_p` / `min_p`, `repetition_penalty`, `no_repeat_ngram_size`,
+`bad_words_ids`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
@@ -43,6 +43,8 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -52,12 +54,14 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
+from lp.decode.processors import SeenPrompt
 from lp.engine import GenerationResult, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)   # generate's order
 _LENGTHS = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+_BANS = (NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -90,6 +94,7 @@ _OPTION_OF = {
     "EtaLogitsWarper": "eta_cutoff", "ClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
     "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
     "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
+    "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
     "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
     "InfNanRemoveLogitsProcessor": "remove_invalid_values", "MaxTimeCriteria": "max_time",
     "StopStringCriteria": "stop_strings",
@@ -183,9 +188,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     for b in range(input_ids.shape[0]):
         row = input_ids[b]
         prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
-        penalized = row[ignored[b]:].tolist() if ignored is not None else None  # what generate's penalty sees
+        seen = SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0)   # what generate's processors see
         r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
-                               streamer=streamer, penalized=penalized)
+                               streamer=streamer, seen_prompt=seen)
         rows.append(r.token_ids)
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
@@ -201,7 +206,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
              stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, min_new_tokens: int = 0,
-             seed: int = 0, streamer=None, **lookahead_keys) -> list[GenerationResult]:
+             no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (), seed: int = 0,
+             streamer=None, **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
@@ -219,7 +225,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                 seed=seed, repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
+                 seed=seed, repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+                 no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -291,18 +298,25 @@ def _no_op(processor, length: int) -> bool:
 def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[int]) -> tuple[dict, list[int] | None]:
     """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
     row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
-    penalty and min_length / min_new_tokens (on the config's eos ids) before any top-k / top-p
-    warper, then temperature, top-k, top-p, min-p, each at most once, in that order (generate's), with the
+    penalty, no_repeat_ngram_size, bad_words_ids and min_length / min_new_tokens (on the config's eos
+    ids) before any top-k / top-p warper, then temperature, top-k, top-p, min-p, each at most once, in that order (generate's), with the
     default filter value and min_tokens_to_keep 1. Refuses any other processor, and warpers or
     processors lp would not apply as given. `shape`: the input_ids' [batch, length]."""
     temperature, top_k, top_p, min_p = (1.0 if do_sample else 0.0), 0, 1.0, 0.0
-    penalty, least, ignored, cut = 1.0, 0, None, None
+    penalty, least, ignored, cut, bans = 1.0, 0, None, None, {}
     last = -1
     for p in processors:
-        if isinstance(p, (RepetitionPenaltyLogitsProcessor, *_LENGTHS)):
+        if isinstance(p, (RepetitionPenaltyLogitsProcessor, *_LENGTHS, *_BANS)):
             if cut is not None:   # after top-k or top-p: their cut would come first (temperature commutes)
                 raise ValueError(f"lp.lookahead applies {_named(p)} before the top-k and top-p warpers, as "
                                  f"generate orders its own; it cannot apply it after {_named(cut)}")
+            if isinstance(p, _BANS):
+                key = "no_repeat_ngram_size" if isinstance(p, NoRepeatNGramLogitsProcessor) else "bad_words_ids"
+                if key in bans:
+                    raise ValueError(f"lp.lookahead applies one {key}; got two {type(p).__name__}")
+                bans[key] = (int(p.ngram_size) if key == "no_repeat_ngram_size"
+                             else tuple(tuple(int(t) for t in w) for w in p.sequence_bias))
+                continue
             if isinstance(p, RepetitionPenaltyLogitsProcessor):
                 if ignored is not None:
                     raise ValueError("lp.lookahead applies one repetition penalty; got two "
@@ -317,8 +331,8 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
             continue
         if not isinstance(p, _WARPERS):
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"applies repetition_penalty, min_length / min_new_tokens, and samples with "
-                             f"temperature, top_k, top_p and min_p")
+                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length / "
+                             f"min_new_tokens, and samples with temperature, top_k, top_p and min_p")
         kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
         keep = getattr(p, "min_tokens_to_keep", 1)
@@ -338,7 +352,7 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
         else:
             min_p = float(p.min_p)
     out = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p) if do_sample else {}
-    return {**out, "repetition_penalty": penalty, "min_new_tokens": max(least, 0)}, ignored
+    return {**out, **bans, "repetition_penalty": penalty, "min_new_tokens": max(least, 0)}, ignored
 
 
 def _ignored(length, shape: tuple[int, int]) -> list[int]:

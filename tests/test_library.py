@@ -101,7 +101,8 @@ class Never(StoppingCriteria):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_beams=2), "beam search"),
-    (dict(no_repeat_ngram_size=2), r"NoRepeatNGramLogitsProcessor \(no_repeat_ngram_size\)"),
+    (dict(exponential_decay_length_penalty=(5, 1.5)), r"ExponentialDecayLengthPenalty \(exponential_decay"),
+    (dict(encoder_no_repeat_ngram_size=2), r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\)"),
     (dict(suppress_tokens=[3]), r"SuppressTokensLogitsProcessor \(suppress_tokens\)"),
     (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2)])),
      r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the top-k and top-p warpers"),
@@ -123,12 +124,14 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
 
 @pytest.mark.parametrize("kwargs", [
     dict(repetition_penalty=1.4), dict(repetition_penalty=0.7), dict(min_new_tokens=12),
-    dict(min_length=24, repetition_penalty=1.2),
+    dict(min_length=24, repetition_penalty=1.2), dict(no_repeat_ngram_size=2),
+    dict(no_repeat_ngram_size=3, bad_words_ids=[[14, 14], [50]], repetition_penalty=1.1),
     dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=12)]))])
 def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
     """repetition_penalty, min_new_tokens and min_length (counted from the padded length, as generate
-    counts) run as generate runs them, on a left-padded batch whose pad id is a token the rows
-    predict (transformers 5.17 penalises padding, 5.24 on leaves it out; lp counts what the installed
+    counts), no_repeat_ngram_size and bad_words_ids (over the padded row, as generate sees it) run as
+    generate runs them, on a left-padded batch whose pad id is a token the rows predict
+    (transformers 5.17 penalises padding, 5.24 on leaves it out; lp counts what the installed
     version's processor counts) with an EOS: the ids are generate's, and the setting changes them."""
     ids, mask = left_padded(PROMPTS)
     free = plain(model, ids, mask, max_new_tokens=40)[:, ids.shape[1]:]
@@ -148,7 +151,7 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
     seen = []
     engine_call = lp.library.lookahead_generate
     monkeypatch.setattr(lp.library, "lookahead_generate",
-                        lambda *a, **k: seen.append((a[3], k["penalized"])) or engine_call(*a, **k))
+                        lambda *a, **k: seen.append((a[3], k["seen_prompt"])) or engine_call(*a, **k))
     ids = torch.tensor([PROMPTS[1]])
     model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=0.9, top_k=7, top_p=0.0,
                    min_p=0.05, repetition_penalty=1.3, min_new_tokens=4, max_new_tokens=8, pad_token_id=0,
@@ -156,7 +159,7 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
     (gen, penalized), = seen
     assert (gen.temperature, gen.top_k, gen.top_p, gen.min_p) == (0.9, 7, 0.0, 0.05)
     assert (gen.repetition_penalty, gen.min_new_tokens) == (1.3, 4)
-    assert penalized == PROMPTS[1]
+    assert penalized == (PROMPTS[1], 0)        # the row generate's processors see, all of it penalised
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),

@@ -344,11 +344,13 @@ def test_sampling_three_workers_match_one(sampling_cases, tmp_path):
 
 PROCESSOR_KNOBS = [dict(repetition_penalty=1.3), dict(repetition_penalty=0.7),
                    dict(repetition_penalty=1.2, min_new_tokens=20),
-                   dict(repetition_penalty=1.4, min_new_tokens=6, temperature=0.8, top_k=6, seed=3)]
+                   dict(repetition_penalty=1.4, min_new_tokens=6, temperature=0.8, top_k=6, seed=3),
+                   dict(no_repeat_ngram_size=3, bad_words_ids=[[7, 7], [4]], repetition_penalty=1.1)]
 
 
 def test_processors_at_two_workers_match_one(tmp_path):
-    """A repetition penalty and min_new_tokens under LP: each rank processes its own nodes' rows, and
+    """generate's processors under LP (a repetition penalty, min_new_tokens, n-gram and bad-word bans):
+    each rank processes its own nodes' rows, and
     P = 2 gives the one-worker tokens round for round (greedy: generate's), window, lookup and tree
     cases, with an EOS the hold-back keeps back."""
     model = tiny_random_llama(**MODEL).model.double()

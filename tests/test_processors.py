@@ -5,9 +5,14 @@ import random
 
 import pytest
 import torch
-from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
-from lp.decode.processors import process_rows
+from lp.decode.processors import RowBans, SeenPrompt, process_rows
 from lp.decode.sampling import Draws, distribution, sample, warpers
 from lp.decode.tree import tree_of
 from lp.decode.verify import frame_ancestors, node_frame
@@ -21,6 +26,9 @@ CONFIGS = [LookaheadParams(5, 4, 5), LookaheadParams(15, 5, 15, lookup_candidate
            LookaheadParams(5, 4, 5, suffix_factor=4.0)]
 # (repetition_penalty, min_new_tokens, eos): a penalty above and below 1, EOS held back with and without one
 KNOBS = [(1.3, 0, None), (0.7, 0, None), (1.0, 12, 11), (1.2, 20, 11)]
+# no_repeat_ngram_size and bad words (with a penalty and the hold-back in the last)
+BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_words_ids=[[7, 7], [11, 3, 3], [4]]),
+        dict(bad_words_ids=[[12], [11, 11]], no_repeat_ngram_size=5, repetition_penalty=1.2, min_new_tokens=10)]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +93,7 @@ def test_each_row_is_transformers_processors_after_its_own_input(dtype):
                     want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([held]), want)
                 assert torch.equal(got[b, cell], want[0]), (penalty, least, b, cell)
             for row in range(1 + len(tree)):
-                path = [tree.tokens[u] for u in reversed(tree.path(row - 1))] if row else []
+                path = [tree.tokens[u] for u in tree.path(row - 1)] if row else []
                 ids = torch.tensor([committed + path])
                 want = scores[b, deep + row][None].to(want_dtype)
                 held = [t for t in committed + path if t < vocab]   # ids past the logits: none (5.17 fails on them)
@@ -99,10 +107,38 @@ def test_each_row_is_transformers_processors_after_its_own_input(dtype):
         assert checked > 3 * n
 
 
-def generate_ids(model, prompt, penalty=1.0, least=0, eos=None):
+@pytest.mark.parametrize("n,words", [(1, []), (2, []), (3, [[4, 4, 2], [1, 3]]), (4, [[2, 2]]), (0, [[3, 3], [0, 4, 1]])])
+def test_row_bans_are_transformers_processors_after_each_rows_input(n, words):
+    """RowBans (host): each verified row's banned tokens are those transformers' NoRepeatNGram and
+    NoBadWords processors set to -inf after that row's whole input (committed tokens, then the row's
+    path), over random trees of repeated tokens; the one-token bad words (the device's mask) and the
+    EOS filter included."""
+    rng, vocab, eos = random.Random(n), 6, [5]
+    words = words + [[2], [5]]          # one-token words: 2 everywhere; 5 is the EOS, which generate keeps
+    gen = GenerationParams(8, no_repeat_ngram_size=n, bad_words_ids=tuple(map(tuple, words)))
+    singles = {w[0] for w in words if len(w) == 1} - set(eos)
+    checked = 0
+    for _ in range(12):
+        tree = tree_of([[rng.randrange(5) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(0, 5))])
+        committed = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
+        bans = RowBans(gen, committed[:2])
+        bans.extend(committed[2:])                  # the prompt, then the committed output
+        for row, banned in enumerate(bans.rows(tree, range(len(tree)))):
+            path = [tree.tokens[u] for u in tree.path(row - 1)] if row else []
+            ids = torch.tensor([committed + path])
+            want = torch.zeros(1, vocab)
+            if n:
+                want = NoRepeatNGramLogitsProcessor(n)(ids, want)
+            want = NoBadWordsLogitsProcessor(words, eos_token_id=eos)(ids, want)
+            assert banned | singles == set(torch.isinf(want[0]).nonzero().flatten().tolist()), (row, committed, path)
+            checked += 1
+    assert checked > 30
+
+
+def generate_ids(model, prompt, penalty=1.0, least=0, eos=None, **bans):
     x = torch.tensor([prompt])
     out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW, pad_token_id=0,
-                         eos_token_id=eos, repetition_penalty=penalty, min_new_tokens=least or None)
+                         eos_token_id=eos, repetition_penalty=penalty, min_new_tokens=least or None, **bans)
     return out[0, len(prompt):].tolist()
 
 
@@ -127,12 +163,36 @@ def test_greedy_with_processors_is_generate(model, penalty, least, eos):
     assert multi > 20
 
 
+@pytest.mark.parametrize("knobs", BANS)
+def test_greedy_with_bans_is_generate(model, knobs):
+    """float64: with no_repeat_ngram_size and bad_words_ids (and with a penalty and min_new_tokens too),
+    lookahead's tokens are generate's for window, lookup, suffix and lookup-only trees, one request at a
+    time and in batches of 3; the knobs change the output."""
+    eos = 3 if "min_new_tokens" in knobs else None
+    gen = GenerationParams(NEW, **{k: tuple(map(tuple, v)) if k == "bad_words_ids" else v for k, v in knobs.items()})
+    penalty, least = knobs.get("repetition_penalty", 1.0), knobs.get("min_new_tokens", 0)
+    bans = {k: v for k, v in knobs.items() if k in ("no_repeat_ngram_size", "bad_words_ids")}
+    want = [generate_ids(model, p, penalty, least, eos, **bans) for p in PROMPTS]
+    assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
+    multi = 0
+    for params in [*CONFIGS, LookaheadParams(0, 3, 0, lookup_candidates=2, lookup_tokens=8)]:
+        for p, w in zip(PROMPTS, want):
+            r = lookahead_generate(model, p, params, gen, eos_token_ids=[eos] if eos is not None else [])
+            assert r.token_ids == w, (params, p)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+        got = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS)], params, gen, batch_size=3,
+                                eos_token_ids=[eos] if eos is not None else []))
+        assert [got[i].token_ids for i in range(len(PROMPTS))] == want, params
+    assert multi > 20
+
+
 def test_the_penalty_counts_the_tokens_it_is_given():
-    """`penalized`: the prompt tokens the penalty counts instead of the whole prompt (generate's
-    prompt_ignore_length, or the padding transformers 5.17 penalises)."""
+    """SeenPrompt: the prompt as generate's processors see it (a padded row), and the tokens the penalty
+    counts in it (generate's prompt_ignore_length; transformers 5.17 penalises the padding too)."""
     model = tiny_random_llama(vocab=16, seed=1).model.double()
     prompt, gen = PROMPTS[1], GenerationParams(NEW, repetition_penalty=1.5)
-    for penalized in ([], [0, 0, *PROMPTS[1]], PROMPTS[1][4:]):
+    for seen, start in ((PROMPTS[1], len(PROMPTS[1])), ([0, 0, *PROMPTS[1]], 0), (PROMPTS[1], 4)):
+        penalized = seen[start:]
         want = []
         seq = list(prompt)
         for _ in range(NEW):        # the reference: the penalty over penalized + output only
@@ -141,18 +201,23 @@ def test_the_penalty_counts_the_tokens_it_is_given():
                 if penalized or want else scores
             want.append(int(scores.argmax()))
             seq.append(want[-1])
-        r = lookahead_generate(model, prompt, CONFIGS[1], gen, penalized=penalized)
+        r = lookahead_generate(model, prompt, CONFIGS[1], gen, seen_prompt=SeenPrompt(seen, start))
         assert r.token_ids == want, penalized
 
 
 def plain_processed_sampling(model, prompt, gen, request, eos):
     """A plain loop: each new token drawn with u_k from the model's distribution after the repetition
-    penalty, the EOS hold-back and the warpers, as generate orders them."""
+    penalty, the EOS hold-back, the n-gram and bad-word bans and the warpers (the bans and the
+    hold-back are -inf, so their order does not matter)."""
     draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
     for k in range(gen.max_new_tokens):
         scores = last_logits(model, seq)[None]
         scores = RepetitionPenaltyLogitsProcessor(gen.repetition_penalty)(torch.tensor([seq]), scores)
         scores = MinNewTokensLengthLogitsProcessor(len(prompt), gen.min_new_tokens, eos)(torch.tensor([seq]), scores)
+        if gen.no_repeat_ngram_size:
+            scores = NoRepeatNGramLogitsProcessor(gen.no_repeat_ngram_size)(torch.tensor([seq]), scores)
+        if gen.bad_words_ids:
+            scores = NoBadWordsLogitsProcessor([list(w) for w in gen.bad_words_ids], eos)(torch.tensor([seq]), scores)
         seq.append(sample(distribution(scores[0], warp), draws.uniform(k)))
         if seq[-1] in eos:
             break
@@ -160,7 +225,8 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
 
 
 @pytest.mark.parametrize("gen", [
-    GenerationParams(24, temperature=0.8, top_k=6, repetition_penalty=1.4, min_new_tokens=6, seed=3),
+    GenerationParams(24, temperature=0.8, top_k=6, repetition_penalty=1.4, min_new_tokens=6, seed=3,
+                     no_repeat_ngram_size=3, bad_words_ids=((4, 4), (9,))),
     GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3)])   # paths penalised
 def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
     """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed

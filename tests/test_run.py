@@ -350,11 +350,13 @@ def test_baseline_in_the_same_run(tmp_path):
     assert "speedup" in result.stdout and "100.0% of 3 prompts" in result.stdout
 
 
-def test_a_jobs_repetition_penalty_and_min_new_tokens_match_generates(tmp_path):
-    """generation.repetition_penalty and min_new_tokens reach both lookahead and the in-run baseline
+def test_a_jobs_processors_match_generates(tmp_path):
+    """generation.repetition_penalty, min_new_tokens, no_repeat_ngram_size and bad_words_ids reach both
+    lookahead and the in-run baseline
     (transformers' generate with the same knobs): float64, the ids are equal, and the knobs change them
     (in a batched job too)."""
-    knobs = {"repetition_penalty": 1.5, "min_new_tokens": 10, "max_new_tokens": 24}
+    knobs = {"repetition_penalty": 1.5, "min_new_tokens": 10, "max_new_tokens": 24, "no_repeat_ngram_size": 3,
+             "bad_words_ids": [[40, 40], [13]]}
     config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True}, generation=knobs)
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
     assert result.exit_code == 0, result.output

@@ -182,6 +182,13 @@ def refusal(model) -> str | None:
     return None
 
 
+def logits_size(model) -> int:
+    """The width of the model's logits: its output embedding's rows (the config's vocab_size without one)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(text_config(model.config).vocab_size)
+
+
 def attention_implementation(config, requested: str = "auto") -> str:
     """The attention implementation lp runs a model of `config` with: `requested` ('sdpa', 'eager'), or for
     'auto' SDPA unless its attention modifies the scores in a way SDPA cannot take (soft-capping) or its

@@ -107,6 +107,10 @@ class GenerationParams:
     # before this many new tokens (0: off)
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
+    # no token that would repeat an n-gram of this size the input holds (0: off); no token sequence of
+    # these (a one-token word: that token, unless it is an EOS id) in the output
+    no_repeat_ngram_size: int = 0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1
@@ -134,6 +138,11 @@ class GenerationParams:
                        f"(1 is off)")
         if self.min_new_tokens < 0:
             out.append(f"generation.min_new_tokens: {self.min_new_tokens!r} must be >= 0 (0 is off)")
+        if self.no_repeat_ngram_size < 0:
+            out.append(f"generation.no_repeat_ngram_size: {self.no_repeat_ngram_size!r} must be >= 0 (0 is off)")
+        if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
+            out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "
+                       f"lists of token ids >= 0")
         if self.seed < 0:
             out.append(f"generation.seed: {self.seed!r} must be >= 0")
         if self.batch_size < 1:

@@ -1,7 +1,7 @@
-"""generate's score processors that lookahead applies exactly: the repetition penalty and the
-min-new-tokens EOS hold-back (`generation.repetition_penalty`, `generation.min_new_tokens`).
+"""generate's score processors that lookahead applies exactly: the repetition penalty, the
+min-new-tokens EOS hold-back, no_repeat_ngram_size and bad_words_ids (`generation.*` of those names).
 
-Both change a row's scores by what came before the row's prediction, so each verified row gets its
+Each changes a row's scores by what came before the row's prediction, so each verified row gets its
 own: z*'s row predicts the request's k-th new token (k committed so far) from the prompt and the
 committed output; a tree node at depth d predicts token k + d from those and the tokens of its own
 path, itself included. Applied to every row before the argmax (greedy) or the warpers (sampling),
@@ -18,22 +18,94 @@ guesses from raw logits would rarely match a penalised output.
 - **min_new_tokens**: the EOS ids' scores are -inf in a row predicting new token k + d <
   min_new_tokens (transformers' MinNewTokensLengthLogitsProcessor; MinLengthLogitsProcessor is the
   same with the prompt's length taken off).
+- **no_repeat_ngram_size** n and multi-token **bad_words_ids** (NoRepeatNGramLogitsProcessor,
+  NoBadWordsLogitsProcessor): a row may not emit a token that completes an n-gram its input already
+  holds, nor the last token of a bad word whose other tokens end its input. The host keeps each
+  request's n-grams (`RowBans`) and lists every verified row's banned tokens; they travel in the
+  round's upload and become -inf. A one-token bad word (other than an EOS id, which generate leaves
+  out) is -inf in every verified row.
 
 Scores are processed in float32 as generate processes them, in its order: the penalty, then the
-hold-back, then the sampling warpers. float64 logits stay float64, where generate casts them to
-float32 first: as for lp's plain argmax, the two differ only at a near-tie below float32's
-resolution.
+bans and the hold-back (each -inf, which the penalty keeps), then the sampling warpers. float64
+logits stay float64, where generate casts them to float32 first: as for lp's plain argmax, the two
+differ only at a near-tie below float32's resolution.
+
+`SeenPrompt` is the prompt as generate's processors see it when that is not the ids lp decodes from
+(the generate drop-in's left-padded rows).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
 from lp.decode.params import GenerationParams
-from lp.decode.request import RequestState, RoundPlan
+from lp.decode.tree import TokenTree
+
+if TYPE_CHECKING:
+    from lp.decode.request import RequestState, RoundPlan
 
 FRESH_PAD = 1 << 62      # a `fresh` section's padding: clamped to the spare column V on the device
+
+
+class SeenPrompt(NamedTuple):
+    """The prompt as generate's processors see it: `ids`, generate's input_ids row (left padding
+    included), and `penalty_start`, where the repetition penalty starts counting in it (transformers'
+    prompt_ignore_length)."""
+    ids: Sequence[int]
+    penalty_start: int = 0
+
+
+class RowBans:
+    """no_repeat_ngram_size and multi-token bad_words_ids for one request, on the host: the n-grams of
+    its input so far (`seen`: the prompt as the processors see it, then the output) and, for a round's
+    tree, the tokens each verified row may not emit."""
+
+    def __init__(self, generation: GenerationParams, seen: Sequence[int]):
+        self.n = generation.no_repeat_ngram_size
+        self.words = [(tuple(w[:-1]), w[-1]) for w in generation.bad_words_ids if len(w) > 1]
+        self.keep = max([self.n - 1 if self.n else 0] + [len(prefix) for prefix, _ in self.words])  # tail length
+        self.seq: list[int] = []
+        self.grams: dict[tuple[int, ...], set[int]] = {}     # (n - 1)-token prefix -> tokens that followed it
+        self.extend(seen)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.seq.append(int(t))
+            if self.n and len(self.seq) >= self.n:
+                self.grams.setdefault(tuple(self.seq[len(self.seq) - self.n:-1]), set()).add(self.seq[-1])
+
+    def _banned(self, tail: tuple[int, ...], length: int, path: dict[tuple[int, ...], set[int]]) -> set[int]:
+        """A row's bans: its input is `length` tokens ending with `tail`; `path` holds the n-grams that
+        end on the row's path."""
+        out: set[int] = set()
+        if self.n and length + 1 >= self.n:
+            key = tail[len(tail) - self.n + 1:] if self.n > 1 else ()
+            out |= self.grams.get(key, set()) | path.get(key, set())
+        for prefix, last in self.words:
+            if length >= len(prefix) and tail[len(tail) - len(prefix):] == prefix:
+                out.add(last)
+        return out
+
+    def rows(self, tree: TokenTree, nodes: range) -> list[set[int]]:
+        """The banned tokens of z*'s row, then of each of `nodes` (a preorder range of `tree`: whole root
+        subtrees, so every node's parent comes before it or is the root)."""
+        length, keep = len(self.seq), self.keep
+        root_tail = tuple(self.seq[max(0, length - keep):]) if keep else ()
+        out = [self._banned(root_tail, length, {})]
+        tails: dict[int, tuple[int, ...]] = {}
+        paths: dict[int, dict[tuple[int, ...], set[int]]] = {}
+        for u in nodes:
+            parent, token, depth = tree.parents[u], tree.tokens[u], tree.depths[u]
+            before = tails[parent] if parent >= 0 else root_tail
+            grams = paths[parent] if parent >= 0 else {}
+            if self.n and length + depth >= self.n:      # the n-gram that ends on this node's token
+                key = before[len(before) - self.n + 1:] if self.n > 1 else ()
+                grams = {**grams, key: grams.get(key, set()) | {token}}
+            tails[u] = (before + (token,))[max(0, len(before) + 1 - keep):] if keep else ()
+            paths[u] = grams
+            out.append(self._banned(tails[u], length + depth, grams))
+        return out
 
 
 def penalize(scores: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -43,13 +115,15 @@ def penalize(scores: torch.Tensor, penalty: float) -> torch.Tensor:
 
 def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok: torch.Tensor,
                  ancestors: torch.Tensor, hold: torch.Tensor | None, eos: torch.Tensor | None,
-                 penalty: float) -> torch.Tensor:
+                 penalty: float, bans: torch.Tensor | None = None, words: torch.Tensor | None = None) -> torch.Tensor:
     """The processed scores of a round's frame, [n, D + 1 + N, V]: `frame` holds the window's `deep`
     (D) deepest cells, z*'s row, then the node frame's N rows; `seen` [n, V + 1] bool the tokens each
     request's input held before the round (None: no penalty); `tok` [n, N] the node frame's tokens
     (-1: PAD); `ancestors` [n, N, N] bool, (i, j) when node j is i or one of its ancestors; `hold`
     [n, 1 + N] bool the verified rows (z*'s, the nodes') whose `eos` ([V] bool) scores are held at
-    -inf (None: none). The window's cells get the penalty of `seen` alone, and no hold-back."""
+    -inf (None: none); `bans` flat indices into the frame of banned (row, token) cells; `words` [V]
+    bool the tokens banned in every verified row. The window's cells get the penalty of `seen`
+    alone, and nothing else."""
     scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
     out = scores
     if seen is not None:
@@ -70,32 +144,44 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
             first = deep + 1
             rows = torch.where(held, hit[:, first:].gather(2, index), scores[:, first:].gather(2, index))
             out[:, first:].scatter_(2, index, rows)
+    if hold is None and bans is None and words is None:
+        return out
+    if out is frame or not out.is_contiguous():        # never write the model's logits
+        out = out.contiguous() if out is not frame else out.clone(memory_format=torch.contiguous_format)
     if hold is not None:
-        out = out.clone() if out is frame else out      # never write the model's logits
         out[:, deep:].masked_fill_(hold[:, :, None] & eos, float("-inf"))
+    if words is not None:
+        out[:, deep:].masked_fill_(words, float("-inf"))
+    if bans is not None:
+        out.view(-1).index_fill_(0, bans, float("-inf"))
     return out
 
 
 class Processors:
-    """The repetition penalty and min_new_tokens of a decode: what a round uploads for them and
-    their work on its frame. Each request keeps its tokens not yet on the device
-    (`RequestState.unseen`) and its device presence row (`RequestState.seen`)."""
+    """generate's processors for a decode: what a round uploads for them and their work on its frame.
+    Each request keeps its tokens not yet on the device (`RequestState.unseen`), its device presence
+    row (`RequestState.seen`) and its n-grams (`RequestState.bans`, RowBans)."""
 
-    def __init__(self, generation: GenerationParams, eos_token_ids: Sequence[int], device: torch.device):
+    def __init__(self, generation: GenerationParams, eos_token_ids: Sequence[int], device: torch.device, vocab: int):
         self.penalty = generation.repetition_penalty
         self.least = generation.min_new_tokens if eos_token_ids else 0
-        self.eos_ids, self.device = list(eos_token_ids), device
-        self.eos = None          # [V] bool, made at the first round (V: the logits')
-        self.empty = None        # [V + 1] bool zeros: a request's presence before its first round
+        self.eos_ids, self.device, self.vocab = list(eos_token_ids), device, vocab
+        # one-token bad words, but EOS ids (generate leaves those out)
+        self.word_ids = sorted({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
+        self.eos = self.words = None    # [V] bool masks, made at the first round that needs them
+        self.empty = None               # [V + 1] bool zeros: a request's presence before its first round
 
     @staticmethod
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
-        return generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
+        return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
+                or generation.no_repeat_ngram_size > 0 or bool(generation.bad_words_ids))
 
-    def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], nodes: int) -> dict[str, list[int]]:
+    def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
+                 nodes: int) -> dict[str, list[int]]:
         """The round's upload for them: per request the tokens committed since its last round
-        ("fresh", padded alike) and which of its verified rows hold EOS back ("hold": z*'s row,
-        then the node frame's; none once every request has min_new_tokens)."""
+        ("fresh", padded alike), which of its verified rows hold EOS back ("hold": z*'s row, then the
+        node frame's; none once every request has min_new_tokens), and the frame cells (flat
+        indices, the frame being [n, deep + 1 + nodes, V]) its n-grams and bad words ban ("bans")."""
         out: dict[str, list[int]] = {}
         if self.penalty != 1.0:
             width = max(1, *(len(s.unseen) for s in states))
@@ -106,6 +192,14 @@ class Processors:
                 k, depths = state.generated, plan.tree.depths
                 out["hold"] += [int(k + d < self.least) for d in [0, *(depths[u] for u in plan.nodes)]]
                 out["hold"] += [0] * (nodes - len(plan.nodes))
+        bans, v, size = [], self.vocab, deep + 1 + nodes
+        for b, (state, plan) in enumerate(zip(states, plans)):
+            if state.bans is not None:
+                for j, banned in enumerate(state.bans.rows(plan.tree, plan.nodes)):
+                    base = (b * size + deep + j) * v
+                    bans += [base + t for t in banned if 0 <= t < v]
+        if bans:
+            out["bans"] = bans
         return out
 
     def apply(self, frame: torch.Tensor, deep: int, states: Sequence[RequestState], dev: dict[str, torch.Tensor],
@@ -113,7 +207,10 @@ class Processors:
         """The round's `frame` processed (process_rows), each request's presence brought up to date
         first with its fresh tokens (they leave the host's `unseen`)."""
         n, v = frame.shape[0], frame.shape[-1]
-        seen = hold = eos = None
+        if v != self.vocab:
+            raise RuntimeError(f"the model's logits have {v} columns, not the {self.vocab} rows of its output "
+                               f"embedding: lp cannot place generate's processors on them")
+        seen = hold = None
         if self.penalty != 1.0:
             if self.empty is None:
                 self.empty = torch.zeros(v + 1, dtype=torch.bool, device=self.device)
@@ -122,10 +219,17 @@ class Processors:
             for i, state in enumerate(states):
                 state.seen, state.unseen = seen[i], []
         if "hold" in dev:
-            if self.eos is None:        # filled id by id: a few fills once, no copy from the host
-                self.eos = torch.zeros(v, dtype=torch.bool, device=self.device)
-                for t in self.eos_ids:
-                    if 0 <= t < v:
-                        self.eos[t] = True
-            hold, eos = dev["hold"].view(n, -1).bool(), self.eos
-        return process_rows(frame, deep, seen, tok, ancestors, hold, eos, self.penalty)
+            self.eos = self.eos if self.eos is not None else self._mask(self.eos_ids)
+            hold = dev["hold"].view(n, -1).bool()
+        if self.word_ids and self.words is None:
+            self.words = self._mask(self.word_ids)
+        return process_rows(frame, deep, seen, tok, ancestors, hold, self.eos, self.penalty, dev.get("bans"),
+                            self.words)
+
+    def _mask(self, ids: Sequence[int]) -> torch.Tensor:
+        """[V] bool, True at `ids`: filled id by id on the device (a few fills once, no copy from the host)."""
+        mask = torch.zeros(self.vocab, dtype=torch.bool, device=self.device)
+        for t in ids:
+            if 0 <= t < self.vocab:
+                mask[t] = True
+        return mask

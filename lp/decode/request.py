@@ -19,6 +19,7 @@ import torch
 
 from lp.decode.layout import Round, build_round
 from lp.decode.params import GenerationParams, LookaheadParams
+from lp.decode.processors import RowBans, SeenPrompt
 from lp.decode.propose import Proposer
 from lp.decode.sampling import Draws
 from lp.decode.stopping import StopChecker
@@ -88,7 +89,7 @@ class RequestState:
                  request: str | int = 0, leader: bool = True, corpus: SuffixIndex | None = None,
                  eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None,
                  ceiling: Callable[[int], int | None] = lambda position: None, reencode_at: int | None = None,
-                 penalized: Sequence[int] | None = None):
+                 seen_prompt: SeenPrompt | None = None):
         self.key, self.row, self.streamer, self.ceiling = key, row, streamer, ceiling
         self.reencode_at = reencode_at   # lp.decode.arch.reencode_position: where generate re-encodes everything
         self.max_new_tokens = generation.max_new_tokens
@@ -101,12 +102,15 @@ class RequestState:
         self.tokens = list(self.prompt)      # committed: prompt + output
         self.ordinary = list(self.prompt)    # committed but not yet in the cache
         self.cached = 0                      # cache slots holding committed tokens
-        # the repetition penalty's tokens (lp/decode/processors.py): those not yet on the device (at first
-        # `penalized`, default the prompt: what generate's input_ids hold, padding included where it
-        # penalises padding) and the device's presence row of the others
+        # generate's processors (lp/decode/processors.py) see `seen_prompt` (default: the prompt), then the
+        # output: the repetition penalty's tokens not yet on the device and the device's presence row of
+        # the others; the n-grams and bad words on the host
+        seen_prompt = seen_prompt or SeenPrompt(self.prompt)
         self.penalizes = generation.repetition_penalty != 1.0
-        self.unseen = [int(t) for t in (self.prompt if penalized is None else penalized)] if self.penalizes else []
+        self.unseen = [int(t) for t in seen_prompt.ids[seen_prompt.penalty_start:]] if self.penalizes else []
         self.seen: torch.Tensor | None = None
+        self.bans = (RowBans(generation, seen_prompt.ids) if generation.no_repeat_ngram_size
+                     or any(len(w) > 1 for w in generation.bad_words_ids) else None)
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
         self._fit_window()
@@ -186,6 +190,8 @@ class RequestState:
         self.tokens += emitted
         if self.penalizes:
             self.unseen += emitted
+        if self.bans is not None:
+            self.bans.extend(emitted)
         if self.streamer is not None and emitted:
             self.streamer.put(torch.tensor(emitted))
         if self.proposer is not None:

@@ -456,6 +456,10 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     if origin in (tuple, list) and args and args[0] is str:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, "a list of strings"
+    if origin is tuple and args and typing.get_origin(args[0]) is tuple:      # token id sequences
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(w, (list, tuple)) and all(_check_type(t, int)[0] for t in w) for w in value)
+        return ok, tuple(tuple(w) for w in value) if ok else value, "a list of lists of token ids"
     raise TypeError(f"config type {tp!r} has no checker")  # a new field type: teach _check_type
 
 
