@@ -148,9 +148,11 @@ PROCESSOR_OPS = 30     # the repetition penalty's and the EOS hold-back's own wo
 
 @pytest.mark.parametrize("depth", [4, 32])
 def test_the_processors_add_a_fixed_handful_of_ops(model16, depths, depth):
-    """A repetition penalty and min_new_tokens add at most PROCESSOR_OPS ops to a round, whatever the
-    tree's depth or the batch; with both off a round does no processor work (the bounds above)."""
-    gen = GenerationParams(40, repetition_penalty=1.2, min_new_tokens=8)
+    """generate's processors (a repetition penalty, min_new_tokens, n-gram and bad-word bans) add at most
+    PROCESSOR_OPS ops to a round, whatever the tree's depth or the batch; with them off a round does no
+    processor work (the bounds above)."""
+    gen = GenerationParams(40, repetition_penalty=1.2, min_new_tokens=8, no_repeat_ngram_size=3,
+                           bad_words_ids=((5, 5), (9,)))
     params = LookaheadParams(4, 4, 4, lookup_candidates=2, lookup_tokens=depth)
     with RoundOps().counting() as ops:
         r = lookahead_generate(model16, PROMPT, params, gen, eos_token_ids=[3])
@@ -160,3 +162,4 @@ def test_the_processors_add_a_fixed_handful_of_ops(model16, depths, depth):
     assert len(ops.rounds) == r.forwards > 3 and max(depths) == depth and len(results) == 6
     assert max(ops.rounds + batched.rounds) <= ROUND_OPS + PROCESSOR_OPS, (ops.rounds, batched.rounds, ops.ops)
     assert ops.ops["bmm"] > 0 and batched.ops["bmm"] > 0      # the penalty did run (no other round op is a bmm)
+    assert ops.ops["index_fill_"] > 0                          # and the bans (no other round op fills by index)

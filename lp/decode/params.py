@@ -127,8 +127,6 @@ class GenerationParams:
             out.append(f"generation.method: {self.method!r} must be one of lookahead, autoregressive")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             out.append(f"generation.temperature: {self.temperature!r} must be a finite number >= 0 (0 is greedy)")
-        if self.top_k < 0:
-            out.append(f"generation.top_k: {self.top_k!r} must be >= 0 (0 is off)")
         if not 0 <= self.top_p <= 1:
             out.append(f"generation.top_p: {self.top_p!r} must be in [0, 1] (1 is off)")
         if not 0 <= self.min_p <= 1:
@@ -136,17 +134,13 @@ class GenerationParams:
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
                        f"(1 is off)")
-        if self.min_new_tokens < 0:
-            out.append(f"generation.min_new_tokens: {self.min_new_tokens!r} must be >= 0 (0 is off)")
-        if self.no_repeat_ngram_size < 0:
-            out.append(f"generation.no_repeat_ngram_size: {self.no_repeat_ngram_size!r} must be >= 0 (0 is off)")
         if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
             out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "
                        f"lists of token ids >= 0")
-        if self.seed < 0:
-            out.append(f"generation.seed: {self.seed!r} must be >= 0")
-        if self.batch_size < 1:
-            out.append(f"generation.batch_size: {self.batch_size!r} must be >= 1")
+        for key, low, note in (("top_k", 0, " (0 is off)"), ("min_new_tokens", 0, " (0 is off)"),
+                               ("no_repeat_ngram_size", 0, " (0 is off)"), ("seed", 0, ""), ("batch_size", 1, "")):
+            if getattr(self, key) < low:
+                out.append(f"generation.{key}: {getattr(self, key)!r} must be >= {low}{note}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append(f"generation.stop: {list(self.stop)!r} must be non-empty strings")
         return out
