@@ -60,8 +60,9 @@ from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)   # generate's order
-_LENGTHS = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
-_BANS = (NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor)
+# generate's processors lp applies (lp/decode/processors.py), before any top-k / top-p warper
+_APPLIED = (RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor,
+            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -295,39 +296,32 @@ def _no_op(processor, length: int) -> bool:
     return False
 
 
-def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[int]) -> tuple[dict, list[int] | None]:
+def _processing(processors, do_sample: bool, shape: tuple[int, int],
+                eos: list[int]) -> tuple[dict, list[int] | None]:
     """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
     row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
     penalty, no_repeat_ngram_size, bad_words_ids and min_length / min_new_tokens (on the config's eos
-    ids) before any top-k / top-p warper, then temperature, top-k, top-p, min-p, each at most once, in that order (generate's), with the
-    default filter value and min_tokens_to_keep 1. Refuses any other processor, and warpers or
-    processors lp would not apply as given. `shape`: the input_ids' [batch, length]."""
+    ids) before any top-k / top-p warper, then temperature, top-k, top-p, min-p, each at most once, in
+    that order (generate's), with the default filter value and min_tokens_to_keep 1. Refuses any other
+    processor, and warpers or processors lp would not apply as given. `shape`: the input_ids' [batch,
+    length]."""
     temperature, top_k, top_p, min_p = (1.0 if do_sample else 0.0), 0, 1.0, 0.0
-    penalty, least, ignored, cut, bans = 1.0, 0, None, None, {}
+    fields: dict = {"min_new_tokens": 0}
+    ignored = cut = None
     last = -1
     for p in processors:
-        if isinstance(p, (RepetitionPenaltyLogitsProcessor, *_LENGTHS, *_BANS)):
+        if isinstance(p, _APPLIED):
             if cut is not None:   # after top-k or top-p: their cut would come first (temperature commutes)
                 raise ValueError(f"lp.lookahead applies {_named(p)} before the top-k and top-p warpers, as "
                                  f"generate orders its own; it cannot apply it after {_named(cut)}")
-            if isinstance(p, _BANS):
-                key = "no_repeat_ngram_size" if isinstance(p, NoRepeatNGramLogitsProcessor) else "bad_words_ids"
-                if key in bans:
-                    raise ValueError(f"lp.lookahead applies one {key}; got two {type(p).__name__}")
-                bans[key] = (int(p.ngram_size) if key == "no_repeat_ngram_size"
-                             else tuple(tuple(int(t) for t in w) for w in p.sequence_bias))
-                continue
+            key, value = _applied_field(p, shape, eos)
+            if key == "min_new_tokens":         # min_length and min_new_tokens: the later end holds
+                value = max(value, fields[key])
+            elif key in fields:
+                raise ValueError(f"lp.lookahead applies one {key}; got two {type(p).__name__}")
             if isinstance(p, RepetitionPenaltyLogitsProcessor):
-                if ignored is not None:
-                    raise ValueError("lp.lookahead applies one repetition penalty; got two "
-                                     "RepetitionPenaltyLogitsProcessor")
-                penalty, ignored = float(p.penalty), _ignored(p.prompt_ignore_length, shape)
-                continue
-            if sorted(_ids(p.eos_token_id)) != sorted(eos):
-                raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
-                                 f"holds back {_ids(p.eos_token_id)}")
-            least = max(least, p.min_length - shape[1] if isinstance(p, MinLengthLogitsProcessor)
-                        else p.prompt_length_to_skip + p.min_new_tokens - shape[1])
+                ignored = _ignored(p.prompt_ignore_length, shape)
+            fields[key] = value
             continue
         if not isinstance(p, _WARPERS):
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
@@ -352,7 +346,24 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int], eos: list[i
         else:
             min_p = float(p.min_p)
     out = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p) if do_sample else {}
-    return {**out, **bans, "repetition_penalty": penalty, "min_new_tokens": max(least, 0)}, ignored
+    return {**out, **fields}, ignored
+
+
+def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, object]:
+    """(the GenerationParams field, its value) of one of generate's processors lp applies (_APPLIED);
+    a length processor's EOS ids must be the call's."""
+    if isinstance(p, RepetitionPenaltyLogitsProcessor):
+        return "repetition_penalty", float(p.penalty)
+    if isinstance(p, NoRepeatNGramLogitsProcessor):
+        return "no_repeat_ngram_size", int(p.ngram_size)
+    if isinstance(p, NoBadWordsLogitsProcessor):        # its words after generate's EOS filter
+        return "bad_words_ids", tuple(tuple(int(t) for t in w) for w in p.sequence_bias)
+    if sorted(_ids(p.eos_token_id)) != sorted(eos):
+        raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
+                         f"holds back {_ids(p.eos_token_id)}")
+    if isinstance(p, MinLengthLogitsProcessor):          # generate counts the padded length
+        return "min_new_tokens", max(p.min_length - shape[1], 0)
+    return "min_new_tokens", max(p.prompt_length_to_skip + p.min_new_tokens - shape[1], 0)
 
 
 def _ignored(length, shape: tuple[int, int]) -> list[int]:

@@ -20,7 +20,8 @@ from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead
 from lp.models import tiny_random_llama
 from reference import last_logits
 
-PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 7, 7, 8, 9, 10], [3], [12, 4, 12, 4, 12, 4, 9, 1, 0, 5]]
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7, 7, 8, 9, 7, 7, 8, 9, 10], [3],
+           [12, 4, 12, 4, 12, 4, 9, 1, 0, 5]]
 NEW = 40
 CONFIGS = [LookaheadParams(5, 4, 5), LookaheadParams(15, 5, 15, lookup_candidates=2),
            LookaheadParams(5, 4, 5, suffix_factor=4.0)]
@@ -107,7 +108,8 @@ def test_each_row_is_transformers_processors_after_its_own_input(dtype):
         assert checked > 3 * n
 
 
-@pytest.mark.parametrize("n,words", [(1, []), (2, []), (3, [[4, 4, 2], [1, 3]]), (4, [[2, 2]]), (0, [[3, 3], [0, 4, 1]])])
+@pytest.mark.parametrize("n,words", [(1, []), (2, []), (3, [[4, 4, 2], [1, 3]]), (4, [[2, 2]]),
+                                     (0, [[3, 3], [0, 4, 1]])])
 def test_row_bans_are_transformers_processors_after_each_rows_input(n, words):
     """RowBans (host): each verified row's banned tokens are those transformers' NoRepeatNGram and
     NoBadWords processors set to -inf after that row's whole input (committed tokens, then the row's
