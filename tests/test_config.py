@@ -347,7 +347,7 @@ def test_new_keys_round_trip():
 def test_differences_ignore_the_keys_that_do_not_change_results():
     base = load_config_dict({})
     same = load_config_dict({"output": {"dir": "elsewhere", "evaluate": True, "evaluate_timeout_s": 1},
-                             "distributed": {"backend": "gloo", "timeout_s": 5}})
+                             "distributed": {"backend": "gloo", "timeout_s": 5}, "data": {"offset": 3, "limit": 2}})
     assert differences(base, same) == []
     other = load_config_dict({"lookahead": {"window": 7}, "baseline": True, "generation": {"stop": []}})
     changed = differences(base, other)

@@ -114,7 +114,8 @@ def test_rerun_with_another_config_is_refused_unless_forced(job):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "different config" in lines[0] and "--force" in lines[0]
-    assert "generation.max_new_tokens: 16 -> 5" in lines[0] and "data.limit: 20 -> 2" in lines[0]
+    assert "generation.max_new_tokens: 16 -> 5" in lines[0]
+    assert "data.limit" not in lines[0]        # which prompts run changes no record
     assert (out / "results.jsonl").read_text() == before  # nothing touched
     assert yaml.safe_load((out / "config.yaml").read_text())["generation"]["max_new_tokens"] == 16
 
@@ -124,6 +125,33 @@ def test_rerun_with_another_config_is_refused_unless_forced(job):
     assert (out / "results.jsonl").read_text() == before
     assert json.loads((out / "summary.json").read_text())["prompts"] == 2
     assert yaml.safe_load((out / "config.yaml").read_text())["generation"]["max_new_tokens"] == 5
+
+
+def test_resume_with_another_prompt_selection(job):
+    """data.limit and data.offset change no record: a job tried on its first prompt resumes on all of
+    them (decoding only the new ones), and one narrowed to a prompt sums only that prompt's record."""
+    config, out = job
+    runner = CliRunner()
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=1"])
+    assert result.exit_code == 0, result.output
+    first = (out / "results.jsonl").read_text()
+    assert [r["task_id"] for r in read_results(out)] == ["t/0"]
+    result = runner.invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (out / "results.jsonl").read_text().startswith(first)     # the kept record, then the new ones
+    records = read_results(out)
+    assert [r["task_id"] for r in records] == ["t/0", "t/1", "t/2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 3 and summary["job_prompts"] == 2
+    whole = (out / "results.jsonl").read_text()
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--set", "data.offset=1", "--set",
+                                  "data.limit=1"])
+    assert result.exit_code == 0, result.output
+    assert (out / "results.jsonl").read_text() == whole    # nothing decoded again
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 1 and summary["job_prompts"] == 0
+    assert summary["new_tokens"] == records[1]["new_tokens"]
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["offset"] == 1
 
 
 def test_resume_after_a_prompt_changed_is_refused_unless_forced(job, tmp_path):

@@ -79,10 +79,13 @@ JOB_BATCH_SIZE = 5
 JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
                      lookup_candidates=0, lookup_tokens=16, lookup_ngram=3,
                      suffix_factor=8.0, suffix_tokens=32, suffix_min_score=0.1, job_cache=True)
-# keys whose value does not change any results.jsonl record: a job directory may be resumed
-# with a config that differs only in these (see differences())
+# keys whose value does not change any results.jsonl record, so a job directory may be resumed with a
+# config that differs only in these (see differences()): where results go and how they are checked, the
+# split, and which prompts run (a record is per task id, its prompt hash checked on resume, and the
+# summary counts the records of the prompts selected now)
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
-                                 "distributed.backend", "distributed.timeout_s", "distributed.lp_size"})
+                                 "distributed.backend", "distributed.timeout_s", "distributed.lp_size",
+                                 "data.offset", "data.limit"})
 BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
