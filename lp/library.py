@@ -56,7 +56,8 @@ from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.processors import SeenPrompt
 from lp.engine import GenerationResult, lookahead_generate
-from lp.jobs.config import JOB_LOOKAHEAD, check_types, short_repr
+from lp.jobs.config import JOB_LOOKAHEAD, check_types
+from lp.messages import short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)   # generate's order

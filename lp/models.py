@@ -41,6 +41,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lp.decode.arch import ATTENTION_IMPLEMENTATIONS, attention_implementation, refusal
+from lp.messages import one_line
 from lp.tiny import FAMILIES, REFUSED, family_config, tiny_random
 
 SMOLLM2 = "smollm2-135m"
@@ -115,7 +116,7 @@ def _load(name: str, torch_dtype: torch.dtype, dev: torch.device, attn: str) -> 
     except ModelLoadError:
         raise
     except Exception as e:
-        raise ModelLoadError(f"cannot load model {name!r} from {source}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot load model {name!r} from {source}: {one_line(e)}") from e
 
 
 # ---- oneDNN linears on the CPU -----------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def use_onednn_linears(model: torch.nn.Module) -> bool:
             logger.warning("oneDNN's packed linear disagrees with F.linear here: the stock kernels stay")
             return False
     except (RuntimeError, AttributeError, NotImplementedError) as e:   # a torch without oneDNN's linear ops
-        logger.warning("oneDNN's packed linear is not available (%s): the stock kernels stay", _one_line(e))
+        logger.warning("oneDNN's packed linear is not available (%s): the stock kernels stay", one_line(e))
         return False
     for parent, name, child in linears:
         setattr(parent, name, packed if child is first else OneDNNLinear(child))
@@ -294,7 +295,7 @@ def _convert_gguf(gguf: Path) -> str:
             if not final.is_dir():  # otherwise another process (e.g. a torchrun rank) finished first: use its copy
                 raise
     except Exception as e:
-        raise ModelLoadError(f"cannot convert GGUF file {gguf}: {_one_line(e)}") from e
+        raise ModelLoadError(f"cannot convert GGUF file {gguf}: {one_line(e)}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
@@ -328,7 +329,7 @@ def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device, attn: str)
         raise
     except Exception as e:
         cached = _in_hub_cache(name)
-        why = f"it is in the cache but does not load: {_one_line(e)}" if cached else "it is not in the cache"
+        why = f"it is in the cache but does not load: {one_line(e)}" if cached else "it is not in the cache"
     raise ModelLoadError(
         f"cannot load model {name!r}: not a built-in name ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>), "
         f"a local directory or .gguf file, or a Hugging Face id in the local cache "
@@ -386,7 +387,3 @@ def _device(device: str | torch.device) -> torch.device:
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise ModelLoadError(f"device {device!r} is not available ({torch.cuda.device_count()} CUDA devices)")
     return dev
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"

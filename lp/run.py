@@ -22,10 +22,11 @@ import torch
 from lp.jobs.config import ConfigError, environment_problems, load_config
 from lp.jobs.data import DataError
 from lp.jobs.results import ResumeRefused
-from lp.jobs.runner import JobError, StartRefused, _one_line, run_job
+from lp.jobs.runner import JobError, StartRefused, run_job
 from lp.jobs.summary import report
 from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
+from lp.messages import one_line
 from lp.parallel.dist import Comm, init_distributed, shutdown
 from lp.parallel.watch import PeerFailed, Watchdog
 
@@ -92,7 +93,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
         watchdog = (Watchdog(comm.job_rank, comm.job_world, cfg.distributed.timeout_s, store_prefix()).start()
                     if comm.dp_size > 1 else None)
     except Exception as e:  # noqa: BLE001  (rendezvous, backend or device problems)
-        _fail(f"distributed setup failed: {_one_line(e)}", 1)
+        _fail(f"distributed setup failed: {one_line(e)}", 1)
     summary = None
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -102,7 +103,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
             watchdog.finish(wait_for_others=comm.job_rank == 0)
     except BaseException as e:
         if watchdog:     # every other LP group stops too (lp.parallel.watch)
-            watchdog.fail(_one_line(e))
+            watchdog.fail(one_line(e))
         _exit_for(e, comm)
     finally:
         shutdown(comm)
@@ -133,12 +134,12 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
         _fail(f"{_rank_prefix(comm)}worker failed: {e}", 1)
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
         if _out_of_memory(e):
-            _fail(f"{_rank_prefix(comm)}out of memory ({_one_line(e)}); the results written so far are kept: "
+            _fail(f"{_rank_prefix(comm)}out of memory ({one_line(e)}); the results written so far are kept: "
                   f"lower generation.batch_size or the lookahead sizes (window, guesses, ...) and run again to "
                   f"resume", 1)
         if comm.job_world == 1:
             raise
-        _fail(f"{_rank_prefix(comm)}worker failed: {_one_line(e)}", 1)
+        _fail(f"{_rank_prefix(comm)}worker failed: {one_line(e)}", 1)
 
 
 def _out_of_memory(e: BaseException) -> bool:

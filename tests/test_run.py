@@ -347,6 +347,10 @@ def test_prompt_that_leaves_no_room_for_max_new_tokens_is_an_error(tmp_path):
     assert CliRunner().invoke(main, ["--config", str(config), "--quiet"]).exit_code == 0
     fits, too_long = read_results(out)
     assert fits["error"] is None and too_long["finish_reason"] == "error"
+    # where the prompt is, as a bad line's error says: the file and the line
+    assert too_long["error"].startswith("prompts.jsonl:2: prompt has 2041 tokens, more than the model's context "
+                                        "of 2048 positions minus generation.max_new_tokens=8 allows (2040)")
+    assert too_long["line"] == 2
 
 
 def test_max_new_tokens_past_the_models_positions_is_one_line_before_any_prompt(tmp_path):

@@ -58,6 +58,7 @@ import yaml
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
+from lp.messages import one_line, short_repr
 from lp.models import ATTN_IMPLEMENTATIONS, CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
 
@@ -281,7 +282,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {_one_line(e)}"], source=str(path)) from None
+        raise ConfigError([f"not valid YAML: {one_line(e, named=False)}"], source=str(path)) from None
     return load_config_dict(raw, overrides, source=str(path))
 
 
@@ -404,7 +405,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            problems.append(f"--set {item!r}: the value is not valid YAML: {_one_line(e)}")
+            problems.append(f"--set {item!r}: the value is not valid YAML: {one_line(e, named=False)}")
             continue
         if shorthand:
             raw["baseline"] = {"enabled": value} if isinstance(value, bool) else value
@@ -466,11 +467,3 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     raise TypeError(f"config type {tp!r} has no checker")  # a new field type: teach _check_type
 
 
-def short_repr(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to `limit` characters: for messages that quote what was given."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())

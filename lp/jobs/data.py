@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lp.jobs.config import DataSection, short_repr
+from lp.jobs.config import DataSection
+from lp.messages import short_repr
 
 
 class DataError(ValueError):

@@ -53,6 +53,7 @@ from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
 from lp.measure.cost_model import batch_curve, batch_forward_time, draft_time
+from lp.messages import one_line
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
 
@@ -373,20 +374,22 @@ def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, requ
 
 def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
                   limit: int | None) -> tuple[list[int] | None, str | None]:
-    """(prompt ids, None), or (ids or None, why this prompt cannot be decoded)."""
+    """(prompt ids, None), or (ids or None, why this prompt cannot be decoded: for a prompt file's line,
+    after its `file:line: `, as lp.jobs.data's errors)."""
     if prompt.error is not None:
         return None, prompt.error
+    where = f"{Path(cfg.data.path).name}:{prompt.line}: " if prompt.line is not None and cfg.data.path else ""
     if not prompt.prompt:
-        return None, "prompt is empty"
+        return None, f"{where}prompt is empty"
     try:
         ids = prompt_ids(prompt.prompt, loaded.tokenizer, cfg.data)
     except Exception as e:  # noqa: BLE001  (a tokenizer that rejects this text)
-        return None, f"cannot tokenize the prompt: {_one_line(e)}"
+        return None, f"{where}cannot tokenize the prompt: {one_line(e)}"
     if not ids:
-        return ids, "prompt encodes to no tokens"
+        return ids, f"{where}prompt encodes to no tokens"
     budget = None if limit is None else limit - cfg.generation.max_new_tokens
     if budget is not None and len(ids) > budget:
-        return ids, (f"prompt has {len(ids)} tokens, more than the model's context of {limit} positions "
+        return ids, (f"{where}prompt has {len(ids)} tokens, more than the model's context of {limit} positions "
                      f"minus generation.max_new_tokens={cfg.generation.max_new_tokens} allows ({max(budget, 0)})")
     return ids, None
 
@@ -453,9 +456,4 @@ class Progress:
             self.bar.close()
             self._redirect.__exit__(None, None, None)
             self.bar = None
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
 
