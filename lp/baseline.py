@@ -10,11 +10,11 @@ Greedy is argmax: while `generate` runs, the model's own generation config
 (which may carry e.g. a repetition penalty or sampling defaults from the Hub)
 is swapped for one holding only the special token ids and the job's own
 processors (`repetition_penalty`, `min_new_tokens`, `no_repeat_ngram_size`,
-`bad_words_ids`), so the reference is the decoding
-that lookahead is exact to. When
-the generation parameters ask for sampling (`temperature` > 0, from the
-sampling issue), generate samples with the same temperature / top_k / top_p / min_p,
-seeded from (seed, request); its draws are not lookahead's, so sampled
+`bad_words_ids`, `suppress_tokens`), so the reference is the decoding that
+lookahead is exact to. When the generation parameters ask for sampling
+(`temperature` > 0), generate samples with the same warpers (temperature,
+top_h, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff), seeded
+from (seed, request); its draws are not lookahead's, so sampled
 outputs are not expected to be identical.
 """
 from __future__ import annotations
@@ -68,8 +68,10 @@ def autoregressive_generate(
     temperature = float(getattr(generation, "temperature", 0.0) or 0.0)
     sampling = dict(do_sample=False)
     if temperature > 0:
-        sampling = dict(do_sample=True, temperature=temperature, top_k=generation.top_k or None,
-                        top_p=generation.top_p, min_p=generation.min_p or None)
+        sampling = dict(do_sample=True, temperature=temperature, top_h=generation.top_h or None,
+                        top_k=generation.top_k or None, top_p=generation.top_p, min_p=generation.min_p or None,
+                        typical_p=generation.typical_p, epsilon_cutoff=generation.epsilon_cutoff,
+                        eta_cutoff=generation.eta_cutoff)
         key = f"{getattr(generation, 'seed', 0)}|{request}".encode()
         torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
     config = GenerationConfig(max_new_tokens=generation.max_new_tokens, num_beams=1,
@@ -77,7 +79,8 @@ def autoregressive_generate(
                               repetition_penalty=generation.repetition_penalty,
                               min_new_tokens=generation.min_new_tokens or None,
                               no_repeat_ngram_size=generation.no_repeat_ngram_size or None,
-                              bad_words_ids=[list(w) for w in generation.bad_words_ids] or None, **sampling)
+                              bad_words_ids=[list(w) for w in generation.bad_words_ids] or None,
+                              suppress_tokens=list(generation.suppress_tokens) or None, **sampling)
     x = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     start = time.perf_counter()
     model.generation_config = config  # neutral: no processors from the checkpoint's generation config

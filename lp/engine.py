@@ -251,8 +251,7 @@ class Rounds:
         self.compiled = compiled_forward(model, compile_mode)
         self.fit = bucket if self.compiled is not None else (lambda q: q)
         self.on_device = self.device.type != "cpu" if sampling_on_device is None else sampling_on_device
-        self.warp = (warpers(generation.temperature, generation.top_k, generation.top_p, generation.min_p)
-                     if generation.sampling else None)
+        self.warp = warpers(generation, self.device) if generation.sampling else None
         self.processors = (Processors(generation, eos_token_ids, self.device, logits_size(model))
                            if Processors.wanted(generation, eos_token_ids) else None)
         self.uploader = Uploader(self.device)

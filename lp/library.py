@@ -6,8 +6,9 @@
 `lookahead` is a `custom_generate` callable: transformers' `generate` prepares the inputs and the
 generation config (the model's own `generation_config` merged with the call's arguments) and hands the
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
-`do_sample` with `temperature` / `top_k` / `top_p` / `min_p`, `repetition_penalty`, `no_repeat_ngram_size`,
-`bad_words_ids`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
+`do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
+`eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
+`min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
@@ -40,15 +41,20 @@ from typing import Mapping, Sequence
 
 import torch
 from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
@@ -60,10 +66,19 @@ from lp.jobs.config import JOB_LOOKAHEAD, check_types
 from lp.messages import short_repr
 
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
-_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)   # generate's order
-# generate's processors lp applies (lp/decode/processors.py), before any top-k / top-p warper
+# generate's sampling warpers in its order (lp.decode.params.WARPER_KEYS): the GenerationParams field each
+# sets and its value there
+_WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperature)),
+            TopHLogitsWarper: ("top_h", lambda p: float(p.top_h)),
+            TopKLogitsWarper: ("top_k", lambda p: int(p.top_k)),
+            TopPLogitsWarper: ("top_p", lambda p: float(p.top_p)),
+            MinPLogitsWarper: ("min_p", lambda p: float(p.min_p)),
+            TypicalLogitsWarper: ("typical_p", lambda p: float(p.mass)),
+            EpsilonLogitsWarper: ("epsilon_cutoff", lambda p: float(p.epsilon)),
+            EtaLogitsWarper: ("eta_cutoff", lambda p: float(p.epsilon))}     # a float32 tensor: its value exactly
+# generate's processors lp applies (lp/decode/processors.py), before any cutting warper
 _APPLIED = (RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor,
-            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+            SuppressTokensLogitsProcessor, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -206,10 +221,12 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
 
 def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
-             stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, min_new_tokens: int = 0,
-             no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (), seed: int = 0,
-             streamer=None, **lookahead_keys) -> list[GenerationResult]:
+             stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0,
+             top_h: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
+             epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
+             min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
+             suppress_tokens: Sequence[int] = (), seed: int = 0, streamer=None,
+             **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
@@ -226,9 +243,11 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         stop_strings = ()
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
-    given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                 seed=seed, repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
-                 no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids)
+    given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,
+                 min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
+                 repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+                 no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
+                 suppress_tokens=suppress_tokens)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -236,9 +255,9 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         raise ValueError("\n".join(problems))
     if do_sample and not knobs["temperature"] > 0:
         raise ValueError(f"do_sample=True needs a temperature > 0 (got {temperature!r}); do_sample=False is greedy")
-    if not do_sample:
-        knobs.update(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
     generation = GenerationParams(**knobs, stop=tuple(stop_strings))
+    if not do_sample:
+        generation = generation.greedy()       # generate reads no warper either
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
     out = []
@@ -301,20 +320,21 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
                 eos: list[int]) -> tuple[dict, list[int] | None]:
     """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
     row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
-    penalty, no_repeat_ngram_size, bad_words_ids and min_length / min_new_tokens (on the config's eos
-    ids) before any top-k / top-p warper, then temperature, top-k, top-p, min-p, each at most once, in
-    that order (generate's), with the default filter value and min_tokens_to_keep 1. Refuses any other
+    penalty, no_repeat_ngram_size, bad_words_ids, suppress_tokens and min_length / min_new_tokens (on the
+    config's eos ids) before any cutting warper, then generate's warpers (_WARPERS), each at most once, in
+    its order, with the default filter value and min_tokens_to_keep 1. Under greedy decoding a warper
+    that keeps the most likely token is skipped (it cannot move the argmax). Refuses any other
     processor, and warpers or processors lp would not apply as given. `shape`: the input_ids' [batch,
     length]."""
-    temperature, top_k, top_p, min_p = (1.0 if do_sample else 0.0), 0, 1.0, 0.0
+    warped: dict = {"temperature": 1.0} if do_sample else {}
     fields: dict = {"min_new_tokens": 0}
     ignored = cut = None
     last = -1
     for p in processors:
         if isinstance(p, _APPLIED):
-            if cut is not None:   # after top-k or top-p: their cut would come first (temperature commutes)
-                raise ValueError(f"lp.lookahead applies {_named(p)} before the top-k and top-p warpers, as "
-                                 f"generate orders its own; it cannot apply it after {_named(cut)}")
+            if cut is not None:   # after a cutting warper: its cut would come first (temperature commutes)
+                raise ValueError(f"lp.lookahead applies {_named(p)} before the cutting warpers (top-k, top-p, "
+                                 f"...), as generate orders its own; it cannot apply it after {_named(cut)}")
             key, value = _applied_field(p, shape, eos)
             if key == "min_new_tokens":         # min_length and min_new_tokens: the later end holds
                 value = max(value, fields[key])
@@ -324,30 +344,27 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
                 ignored = _ignored(p.prompt_ignore_length, shape)
             fields[key] = value
             continue
-        if not isinstance(p, _WARPERS):
+        kind = next((i for i, cls in enumerate(_WARPERS) if isinstance(p, cls)), None)
+        if kind is None:
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length / "
-                             f"min_new_tokens, and samples with temperature, top_k, top_p and min_p")
-        kind = next(i for i, cls in enumerate(_WARPERS) if isinstance(p, cls))
+                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, suppress_tokens, "
+                             f"min_length / min_new_tokens, and samples with "
+                             f"{', '.join(key for key, _ in _WARPERS.values())}")
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
+        if not do_sample:
+            if isinstance(p, TypicalLogitsWarper):
+                raise ValueError(f"lp.lookahead decodes greedily here, and {_named(p)} can drop the most likely "
+                                 f"token, so its argmax is not the model's: lp cannot apply it without sampling")
+            continue   # greedy: no other warper moves the argmax
         keep = getattr(p, "min_tokens_to_keep", 1)
         if kind <= last or keep != 1 or getattr(p, "filter_value", -float("inf")) != -float("inf"):
-            if do_sample:
-                raise ValueError(f"lp.lookahead samples with one temperature, top_k, top_p and min_p warper each, "
-                                 f"in generate's order and settings; it cannot apply {type(p).__name__} here "
-                                 f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
-            continue   # greedy: no warper alone moves the argmax
+            raise ValueError(f"lp.lookahead samples with each of generate's warpers at most once, in generate's "
+                             f"order and settings; it cannot apply {type(p).__name__} here "
+                             f"(min_tokens_to_keep={keep}, filter_value={getattr(p, 'filter_value', None)})")
         last = kind
-        if isinstance(p, TemperatureLogitsWarper):
-            temperature = float(p.temperature)
-        elif isinstance(p, TopKLogitsWarper):
-            top_k = int(p.top_k)
-        elif isinstance(p, TopPLogitsWarper):
-            top_p = float(p.top_p)
-        else:
-            min_p = float(p.min_p)
-    out = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p) if do_sample else {}
-    return {**out, **fields}, ignored
+        key, value = list(_WARPERS.values())[kind]
+        warped[key] = value(p)
+    return {**warped, **fields}, ignored
 
 
 def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, object]:
@@ -359,6 +376,8 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
         return "no_repeat_ngram_size", int(p.ngram_size)
     if isinstance(p, NoBadWordsLogitsProcessor):        # its words after generate's EOS filter
         return "bad_words_ids", tuple(tuple(int(t) for t in w) for w in p.sequence_bias)
+    if isinstance(p, SuppressTokensLogitsProcessor):
+        return "suppress_tokens", tuple(int(t) for t in p.suppress_tokens.tolist())
     if sorted(_ids(p.eos_token_id)) != sorted(eos):
         raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
                          f"holds back {_ids(p.eos_token_id)}")

@@ -72,6 +72,19 @@ def test_checkpoint_generation_config_is_ignored_and_restored(loaded):
     assert penalised != reference.token_ids
 
 
+def test_processors_reach_generate(loaded):
+    """The job's processor keys reach generate: greedy with them is lookahead's (float64), and they change
+    the output; sampling takes every warper key generate has (its config accepts them as lp passes them)."""
+    free, _ = both(loaded, "abc abc abc", GenerationParams(20), [])
+    gen = GenerationParams(20, suppress_tokens=tuple(free.token_ids[:2]), no_repeat_ngram_size=2,
+                           bad_words_ids=((free.token_ids[3], free.token_ids[4]),), repetition_penalty=1.3)
+    la, ar = both(loaded, "abc abc abc", gen, [])
+    assert ar.token_ids == la.token_ids != free.token_ids
+    sampled = GenerationParams(12, temperature=0.9, top_h=0.9, top_k=20, top_p=0.95, min_p=0.01, typical_p=0.9,
+                               epsilon_cutoff=0.001, eta_cutoff=0.001, seed=3)
+    assert autoregressive_generate(loaded.model, [5, 6, 7], sampled, eos_token_ids=[]).new_tokens == 12
+
+
 def test_empty_prompt_is_rejected(loaded):
     with pytest.raises(ValueError, match="empty"):
         autoregressive_generate(loaded.model, [], GenerationParams(4))

@@ -116,6 +116,12 @@ BAD = [
     ("bad-words-empty-word", {"generation": {"bad_words_ids": [[3], []]}}, [], "generation.bad_words_ids:"),
     ("bad-words-negative", {"generation": {"bad_words_ids": [[-3]]}}, [], "generation.bad_words_ids:"),
     ("top-p-above-one", {"generation": {"top_p": 1.5}}, [], "generation.top_p:"),
+    ("top-h-negative", {"generation": {"top_h": -0.5}}, [], "generation.top_h:"),
+    ("typical-zero", {"generation": {"typical_p": 0}}, [], "generation.typical_p: 0.0 must be in (0, 1] (1 is off)"),
+    ("epsilon-one", {"generation": {"epsilon_cutoff": 1}}, [], "generation.epsilon_cutoff: 1.0 must be in [0, 1)"),
+    ("eta-nan", {"generation": {"eta_cutoff": float("nan")}}, [], "generation.eta_cutoff:"),
+    ("suppress-nested", {"generation": {"suppress_tokens": [[3]]}}, [], "generation.suppress_tokens:"),
+    ("suppress-negative", {"generation": {"suppress_tokens": [4, -1]}}, [], "generation.suppress_tokens:"),
     ("seed-negative", {"generation": {"seed": -3}}, [], "generation.seed:"),
     ("seed-float", {"generation": {"seed": 1.5}}, [], "generation.seed:"),
 ]
@@ -363,7 +369,8 @@ def test_round_trip_keeps_every_value(tmp_path):
     mapping = {
         "model": {"name": "tiny-random-llama?vocab=64&seed=0", "dtype": "float64", "device": "cuda:1"},
         "lookahead": {"window": 3, "ngram": 3, "guesses": 0, "pool_seeding": False},
-        "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"], "method": "autoregressive"},
+        "generation": {"max_new_tokens": 1, "stop": ["\n\n", "```"], "method": "autoregressive", "typical_p": 0.5,
+                       "eta_cutoff": 0.001, "suppress_tokens": [3, 7], "bad_words_ids": [[1, 2]]},
         "data": {"source": "jsonl", "path": "p.jsonl", "offset": 4, "limit": None, "chat_template": True,
                  "instruction": "Q: {prompt}\nA:", "response_prefix": ""},
         "output": {"dir": "runs/x", "evaluate": False, "evaluate_timeout_s": 2.5},

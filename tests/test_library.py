@@ -11,10 +11,12 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
 from transformers.generation.logits_process import (
+    EtaLogitsWarper,
     MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
 import lp
@@ -36,8 +38,8 @@ def model():
 
 
 def plain(model, ids, mask=None, **kwargs):
-    return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask, do_sample=False,
-                          pad_token_id=0, **kwargs)
+    return model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                          **{"do_sample": False, "pad_token_id": 0, **kwargs})
 
 
 def left_padded(prompts, pad=0):
@@ -106,9 +108,12 @@ class Never(StoppingCriteria):
     (dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2),
                                                 RepetitionPenaltyLogitsProcessor(1.3)])),
      "applies one repetition_penalty; got two RepetitionPenaltyLogitsProcessor"),
-    (dict(suppress_tokens=[3]), r"SuppressTokensLogitsProcessor \(suppress_tokens\)"),
+    (dict(begin_suppress_tokens=[3]), r"SuppressTokensAtBeginLogitsProcessor \(begin_suppress_tokens\)"),
+    (dict(logits_processor=LogitsProcessorList([TypicalLogitsWarper(0.5)])), r"can drop the most likely token"),
+    (dict(logits_processor=LogitsProcessorList([EtaLogitsWarper(0.01)]), do_sample=True, top_k=5),
+     r"in generate's order and settings; it cannot apply TopKLogitsWarper"),
     (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(5), RepetitionPenaltyLogitsProcessor(1.2)])),
-     r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the top-k and top-p warpers"),
+     r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the cutting warpers"),
     (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(2, filter_value=-1e9),    # greedy skips it, but
                                                 RepetitionPenaltyLogitsProcessor(3.0)])),  # its cut still counts
      r"cannot apply it after TopKLogitsWarper"),
@@ -129,6 +134,7 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
     dict(repetition_penalty=1.4), dict(repetition_penalty=0.7), dict(min_new_tokens=12),
     dict(min_length=24, repetition_penalty=1.2), dict(no_repeat_ngram_size=2),
     dict(no_repeat_ngram_size=3, bad_words_ids=[[14, 14], [50]], repetition_penalty=1.1),
+    dict(suppress_tokens=[14, 30, 50], min_new_tokens=2),
     dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=12)]))])
 def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
     """repetition_penalty, min_new_tokens and min_length (counted from the padded length, as generate
@@ -163,6 +169,13 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
     assert (gen.temperature, gen.top_k, gen.top_p, gen.min_p) == (0.9, 7, 0.0, 0.05)
     assert (gen.repetition_penalty, gen.min_new_tokens) == (1.3, 4)
     assert penalized == (PROMPTS[1], 0)        # the row generate's processors see, all of it penalised
+    seen.clear()      # generate's other warpers (each alone tested against generate: tests/test_sampling.py)
+    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_h=0.9, typical_p=0.8,
+                   epsilon_cutoff=0.01, eta_cutoff=0.02, suppress_tokens=[3, 2], max_new_tokens=8, pad_token_id=0,
+                   eos_token_id=2, custom_generate=lp.lookahead)
+    (gen, _), = seen
+    assert (gen.top_h, gen.typical_p, gen.epsilon_cutoff, gen.suppress_tokens) == (0.9, 0.8, 0.01, (3, 2))
+    assert gen.eta_cutoff == float(torch.tensor(0.02))      # generate keeps it as a float32 tensor
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
@@ -273,7 +286,8 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
     assert one.token_ids == listed.token_ids and one.finish_reason == "stop"
     with pytest.raises(ValueError, match="temperature > 0"):
         lp.generate(model, PROMPTS[0], do_sample=True, temperature=0.0)
-    none = dict(temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, min_new_tokens=None)
+    none = dict(temperature=None, top_h=None, top_k=None, top_p=None, min_p=None, typical_p=None, epsilon_cutoff=None,
+                eta_cutoff=None, repetition_penalty=None, min_new_tokens=None, suppress_tokens=None)
     assert lp.generate(model, PROMPTS[0], max_new_tokens=8, **none)[0].token_ids == \
         lp.generate(model, PROMPTS[0], max_new_tokens=8)[0].token_ids           # None is off, as for generate
     with pytest.raises(ValueError, match=r"generate.max_new_tokens: 1.5 must be an integer"):
@@ -284,6 +298,14 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
         lp.generate(model, PROMPTS[0], repetition_penalty=0.0)
     with pytest.raises(ValueError, match=r"generation.min_new_tokens: -1 must be >= 0"):
         lp.generate(model, PROMPTS[0], min_new_tokens=-1)
+
+
+def test_generate_applies_generates_processors(model):
+    """lp.generate's processor knobs are generate's: the same ids in float64, and they change them."""
+    knobs = dict(suppress_tokens=[14, 30], no_repeat_ngram_size=2, bad_words_ids=[[9, 12]], repetition_penalty=1.2)
+    want = [plain(model, torch.tensor([p]), max_new_tokens=20, **knobs)[0, len(p):].tolist() for p in PROMPTS]
+    assert want != [plain(model, torch.tensor([p]), max_new_tokens=20)[0, len(p):].tolist() for p in PROMPTS]
+    assert [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=20, **knobs, **TREE)] == want
 
 
 def test_generate_text_ids_and_stop_strings(model):

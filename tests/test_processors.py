@@ -1,4 +1,4 @@
-"""generate's repetition penalty and min_new_tokens under lookahead (lp/decode/processors.py): each
+"""generate's score processors under lookahead (lp/decode/processors.py): each
 verified row processed as generate would process it after that row's own input, so greedy output is
 generate's (float64) and sampled output a plain sampling loop's with the same draws."""
 import random
@@ -10,6 +10,7 @@ from transformers.generation.logits_process import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
 )
 
 from lp.decode.processors import RowBans, SeenPrompt, process_rows
@@ -27,9 +28,11 @@ CONFIGS = [LookaheadParams(5, 4, 5), LookaheadParams(15, 5, 15, lookup_candidate
            LookaheadParams(5, 4, 5, suffix_factor=4.0)]
 # (repetition_penalty, min_new_tokens, eos): a penalty above and below 1, EOS held back with and without one
 KNOBS = [(1.3, 0, None), (0.7, 0, None), (1.0, 12, 11), (1.2, 20, 11)]
-# no_repeat_ngram_size and bad words (with a penalty and the hold-back in the last)
+# no_repeat_ngram_size and bad words (with a penalty and the hold-back in the last), suppressed tokens (the
+# EOS among them: generate suppresses it too)
 BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_words_ids=[[7, 7], [11, 3, 3], [4]]),
-        dict(bad_words_ids=[[12], [11, 11]], no_repeat_ngram_size=5, repetition_penalty=1.2, min_new_tokens=10)]
+        dict(bad_words_ids=[[12], [11, 11]], no_repeat_ngram_size=5, repetition_penalty=1.2, min_new_tokens=10),
+        dict(suppress_tokens=[3, 12, 15], bad_words_ids=[[4, 4]], min_new_tokens=1)]
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +170,14 @@ def test_greedy_with_processors_is_generate(model, penalty, least, eos):
 
 @pytest.mark.parametrize("knobs", BANS)
 def test_greedy_with_bans_is_generate(model, knobs):
-    """float64: with no_repeat_ngram_size and bad_words_ids (and with a penalty and min_new_tokens too),
-    lookahead's tokens are generate's for window, lookup, suffix and lookup-only trees, one request at a
-    time and in batches of 3; the knobs change the output."""
+    """float64: with no_repeat_ngram_size, bad_words_ids and suppress_tokens (and with a penalty and
+    min_new_tokens too), lookahead's tokens are generate's for window, lookup, suffix and lookup-only
+    trees, one request at a time and in batches of 3; the knobs change the output."""
     eos = 3 if "min_new_tokens" in knobs else None
-    gen = GenerationParams(NEW, **{k: tuple(map(tuple, v)) if k == "bad_words_ids" else v for k, v in knobs.items()})
+    ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple}
+    gen = GenerationParams(NEW, **{k: ids.get(k, lambda v: v)(v) for k, v in knobs.items()})
     penalty, least = knobs.get("repetition_penalty", 1.0), knobs.get("min_new_tokens", 0)
-    bans = {k: v for k, v in knobs.items() if k in ("no_repeat_ngram_size", "bad_words_ids")}
+    bans = {k: v for k, v in knobs.items() if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens")}
     want = [generate_ids(model, p, penalty, least, eos, **bans) for p in PROMPTS]
     assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
     multi = 0
@@ -209,9 +213,9 @@ def test_the_penalty_counts_the_tokens_it_is_given():
 
 def plain_processed_sampling(model, prompt, gen, request, eos):
     """A plain loop: each new token drawn with u_k from the model's distribution after the repetition
-    penalty, the EOS hold-back, the n-gram and bad-word bans and the warpers (the bans and the
-    hold-back are -inf, so their order does not matter)."""
-    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p), list(prompt)
+    penalty, the EOS hold-back, the n-gram and bad-word bans, the suppressed tokens and the warpers (the
+    bans and the hold-back are -inf, so their order does not matter)."""
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen), list(prompt)
     for k in range(gen.max_new_tokens):
         scores = last_logits(model, seq)[None]
         scores = RepetitionPenaltyLogitsProcessor(gen.repetition_penalty)(torch.tensor([seq]), scores)
@@ -220,6 +224,8 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
             scores = NoRepeatNGramLogitsProcessor(gen.no_repeat_ngram_size)(torch.tensor([seq]), scores)
         if gen.bad_words_ids:
             scores = NoBadWordsLogitsProcessor([list(w) for w in gen.bad_words_ids], eos)(torch.tensor([seq]), scores)
+        if gen.suppress_tokens:
+            scores = SuppressTokensLogitsProcessor(list(gen.suppress_tokens))(torch.tensor([seq]), scores)
         seq.append(sample(distribution(scores[0], warp), draws.uniform(k)))
         if seq[-1] in eos:
             break
@@ -229,7 +235,10 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
 @pytest.mark.parametrize("gen", [
     GenerationParams(24, temperature=0.8, top_k=6, repetition_penalty=1.4, min_new_tokens=6, seed=3,
                      no_repeat_ngram_size=3, bad_words_ids=((4, 4), (9,))),
-    GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3)])   # paths penalised
+    GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3),   # paths penalised
+    # generate's other warpers together, after a suppressed token
+    GenerationParams(NEW, temperature=1.2, top_h=0.95, min_p=0.02, typical_p=0.9, epsilon_cutoff=0.01,
+                     eta_cutoff=0.02, suppress_tokens=(5,), seed=4)])
 def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
     """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed
     sampling loop's with the same draws, one request at a time and batched (device and host walks)."""

@@ -181,7 +181,7 @@ def model8():
 
 def exact_joint(model, prompt, temperature, top_k, top_p):
     """P(t1, t2, t3) from the model's own conditionals with the same warping."""
-    warp = warpers(temperature, top_k, top_p)
+    warp = warpers(GenerationParams(temperature=temperature, top_k=top_k, top_p=top_p))
     cond = lambda seq: distribution(last_logits(model, seq), warp)  # noqa: E731
     joint = {}
     with torch.no_grad():
@@ -243,7 +243,7 @@ def test_same_seed_same_output_and_seed_matters(model8):
 def plain_sampling(model, prompt, gen, request):
     """The reference: an autoregressive loop, one full forward per token (no cache), drawing the k-th
     new token from the model's warped distribution by inverse CDF with the request's u_k."""
-    draws, warp, seq = Draws(gen.seed, request), warpers(gen.temperature, gen.top_k, gen.top_p, gen.min_p), list(prompt)
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen), list(prompt)
     for k in range(gen.max_new_tokens):
         seq.append(sample(distribution(last_logits(model, seq), warp), draws.uniform(k)))
     return seq[len(prompt):]
@@ -252,16 +252,48 @@ def plain_sampling(model, prompt, gen, request):
 SAMPLED_PROMPTS = [PROMPT, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [6, 6, 7, 6, 6, 7, 6], [2, 4, 2, 4, 2, 4, 2, 4]]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(0.6, 0, 1.0, 0.0), (1.0, 4, 0.9, 0.0), (1.2, 0, 1.0, 0.2),
-                                                           (1.0, 0, 0.0, 0.0)])
-def test_sampled_tokens_are_plain_sampling_with_the_same_draws(model8, temperature, top_k, top_p, min_p):
+# generate's warpers: one at a time, then all in generate's order (lp.decode.params.WARPER_KEYS)
+WARPING = [dict(top_h=0.6), dict(top_k=9), dict(top_p=0.7), dict(min_p=0.3), dict(typical_p=0.4),
+           dict(epsilon_cutoff=0.04), dict(eta_cutoff=0.03),
+           dict(top_h=0.95, top_k=20, top_p=0.95, min_p=0.05, typical_p=0.9, epsilon_cutoff=0.01, eta_cutoff=0.01)]
+
+
+@pytest.mark.parametrize("knobs", WARPING)
+def test_warpers_are_generates(knobs):
+    """lp's warpers (lp.decode.sampling.warpers) keep and scale a row's scores as generate's sampling
+    does: its first sampled token's scores (output_scores, float32 as generate makes them) on a batch
+    of prompts, the same tokens kept and the same values; and each setting cuts some tokens here."""
+    model = tiny_random_llama(vocab=64, seed=5).model.double()
+    gen = GenerationParams(1, temperature=0.7, **knobs)
+    prompts = torch.tensor([[1, 2, 3, 4, 5], [9, 9, 9, 9, 9], [60, 3, 41, 7, 0], [5, 4, 3, 2, 1]])
+    out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=1,
+                         pad_token_id=0, eos_token_id=None, output_scores=True, return_dict_in_generate=True,
+                         temperature=gen.temperature, top_h=gen.top_h or None, top_k=gen.top_k, top_p=gen.top_p,
+                         min_p=gen.min_p or None, typical_p=gen.typical_p, epsilon_cutoff=gen.epsilon_cutoff,
+                         eta_cutoff=gen.eta_cutoff)
+    theirs = out.scores[0]
+    logits = torch.stack([last_logits(model, p) for p in prompts.tolist()]).float()
+    ours = warpers(gen)(None, logits)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.allclose(ours.softmax(-1), theirs.softmax(-1), atol=1e-6)
+    assert torch.isinf(theirs).any()            # the setting cuts here: the test can fail
+
+
+@pytest.mark.parametrize("knobs", [dict(temperature=0.6), dict(temperature=1.0, top_k=4, top_p=0.9),
+                                   dict(temperature=1.2, min_p=0.2), dict(temperature=1.0, top_p=0.0),
+                                   dict(temperature=1.0, top_h=0.7), dict(temperature=1.0, typical_p=0.5),
+                                   dict(temperature=1.3, epsilon_cutoff=0.1, eta_cutoff=0.1)])
+def test_sampled_tokens_are_plain_sampling_with_the_same_draws(model8, knobs):
     """float64: every request's sampled tokens are, token for token, those of a plain sampling loop
     drawing the k-th new token with u_k, whatever the trees: window, lookup or both, one request or
     batches of 3 (host and device walks), and trees cut by a row budget. So a seed's output is the
     same on every run, at every batch size and budget, not only equally distributed."""
-    gen = GenerationParams(24, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=9)
+    gen = GenerationParams(24, **knobs, seed=9)
     prompts = SAMPLED_PROMPTS * 2
     want = [plain_sampling(model8, p, gen, request) for request, p in enumerate(prompts)]
+    if len(knobs) > 1:     # a warper that cut nothing would prove nothing
+        assert want != [plain_sampling(model8, p, GenerationParams(24, temperature=gen.temperature, seed=9), request)
+                        for request, p in enumerate(prompts)]
     multi = 0
     for params in (LookaheadParams(3, 3, 4), LOOKUP_ONLY, BOTH):
         for request, p in enumerate(prompts):

@@ -1,6 +1,7 @@
 """The engine's parameters: config sections `lookahead` and `generation`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -97,10 +98,16 @@ class GenerationParams:
     # how a job decodes: "lookahead" (this module) or "autoregressive" (transformers generate,
     # lp.baseline); lookahead_generate itself ignores it
     method: str = "lookahead"
-    temperature: float = 0.0   # 0: greedy; else sample (temperature, top_k, top_p, min_p, as generate)
+    # 0: greedy; else sample with generate's warpers in its order: temperature, top_h, top_k, top_p, min_p,
+    # typical_p, epsilon_cutoff, eta_cutoff (lp.decode.sampling.warpers)
+    temperature: float = 0.0
+    top_h: float = 0.0         # 0: off (generate's None); else keep the likeliest tokens up to top_h x entropy
     top_k: int = 0             # 0: off
     top_p: float = 1.0         # 1: off (0: the most likely token only, as generate keeps one)
     min_p: float = 0.0         # 0: off; else drop tokens below min_p x the most likely one's probability
+    typical_p: float = 1.0     # 1: off; else locally typical sampling's mass
+    epsilon_cutoff: float = 0.0    # 0: off; else drop tokens below this probability
+    eta_cutoff: float = 0.0        # 0: off; else eta sampling's cutoff (entropy-scaled)
     seed: int = 0              # draws are a function of (seed, request, position)
     # generate's processors, before the warpers (lp/decode/processors.py): a token the input already
     # holds (prompt and output) has its score s made s * p when s < 0, else s / p (1: off); and no EOS
@@ -111,6 +118,7 @@ class GenerationParams:
     # these (a one-token word: that token, unless it is an EOS id) in the output
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    suppress_tokens: tuple[int, ...] = ()      # tokens never emitted (EOS ids included, as generate)
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1
@@ -118,6 +126,10 @@ class GenerationParams:
     @property
     def sampling(self) -> bool:
         return self.temperature > 0
+
+    def greedy(self) -> GenerationParams:
+        """These parameters with every sampling warper off (what greedy decoding reads)."""
+        return dataclasses.replace(self, **{k: f.default for k, f in _FIELDS.items() if k in WARPER_KEYS})
 
     def problems(self) -> list[str]:
         out = []
@@ -127,13 +139,15 @@ class GenerationParams:
             out.append(f"generation.method: {self.method!r} must be one of lookahead, autoregressive")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             out.append(f"generation.temperature: {self.temperature!r} must be a finite number >= 0 (0 is greedy)")
-        if not 0 <= self.top_p <= 1:
-            out.append(f"generation.top_p: {self.top_p!r} must be in [0, 1] (1 is off)")
-        if not 0 <= self.min_p <= 1:
-            out.append(f"generation.min_p: {self.min_p!r} must be in [0, 1] (0 is off)")
+        for key, interval in UNIT_INTERVALS.items():
+            if not _inside(getattr(self, key), interval):
+                out.append(f"generation.{key}: {getattr(self, key)!r} must be in {interval} "
+                           f"({_FIELDS[key].default:g} is off)")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
                        f"(1 is off)")
+        if any(t < 0 for t in self.suppress_tokens):
+            out.append(f"generation.suppress_tokens: {list(self.suppress_tokens)!r} must be token ids >= 0")
         if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
             out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "
                        f"lists of token ids >= 0")
@@ -144,6 +158,20 @@ class GenerationParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append(f"generation.stop: {list(self.stop)!r} must be non-empty strings")
         return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(GenerationParams)}
+# the sampling warpers' keys, in generate's order (greedy decoding reads none of them)
+WARPER_KEYS = ("temperature", "top_h", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+# the warper knobs that are a fraction, with the interval generate's warper takes (its default: off)
+UNIT_INTERVALS = {"top_h": "[0, 1]", "top_p": "[0, 1]", "min_p": "[0, 1]", "typical_p": "(0, 1]",
+                  "epsilon_cutoff": "[0, 1)", "eta_cutoff": "[0, 1)"}
+
+
+def _inside(value: float, interval: str) -> bool:
+    """Whether `value` lies in an interval written "[0, 1)" (0 and 1 only; NaN lies in none)."""
+    low = 0 < value if interval[0] == "(" else 0 <= value
+    return low and (value < 1 if interval[-1] == ")" else value <= 1)
 
 
 def check(*params) -> None:

@@ -1,5 +1,6 @@
 """generate's score processors that lookahead applies exactly: the repetition penalty, the
-min-new-tokens EOS hold-back, no_repeat_ngram_size and bad_words_ids (`generation.*` of those names).
+min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids and suppress_tokens
+(`generation.*` of those names).
 
 Each changes a row's scores by what came before the row's prediction, so each verified row gets its
 own: z*'s row predicts the request's k-th new token (k committed so far) from the prompt and the
@@ -24,6 +25,8 @@ guesses from raw logits would rarely match a penalised output.
   request's n-grams (`RowBans`) and lists every verified row's banned tokens; they travel in the
   round's upload and become -inf. A one-token bad word (other than an EOS id, which generate leaves
   out) is -inf in every verified row.
+- **suppress_tokens** (SuppressTokensLogitsProcessor): those tokens, EOS ids included, are -inf in
+  every verified row, as one-token bad words.
 
 Scores are processed in float32 as generate processes them, in its order: the penalty, then the
 bans and the hold-back (each -inf, which the penalty keeps), then the sampling warpers. float64
@@ -60,6 +63,11 @@ class RowBans:
     """no_repeat_ngram_size and multi-token bad_words_ids for one request, on the host: the n-grams of
     its input so far (`seen`: the prompt as the processors see it, then the output) and, for a round's
     tree, the tokens each verified row may not emit."""
+
+    @staticmethod
+    def wanted(generation: GenerationParams) -> bool:
+        """Whether `generation` bans anything that depends on a row's input (one-token words do not)."""
+        return generation.no_repeat_ngram_size > 0 or any(len(w) > 1 for w in generation.bad_words_ids)
 
     def __init__(self, generation: GenerationParams, seen: Sequence[int]):
         self.n = generation.no_repeat_ngram_size
@@ -166,15 +174,17 @@ class Processors:
         self.penalty = generation.repetition_penalty
         self.least = generation.min_new_tokens if eos_token_ids else 0
         self.eos_ids, self.device, self.vocab = list(eos_token_ids), device, vocab
-        # one-token bad words, but EOS ids (generate leaves those out)
-        self.word_ids = sorted({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
+        # the tokens no verified row emits: one-token bad words but EOS ids (generate leaves those out), and
+        # suppress_tokens
+        self.word_ids = sorted(({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
+                               | set(generation.suppress_tokens))
         self.eos = self.words = None    # [V] bool masks, made at the first round that needs them
         self.empty = None               # [V + 1] bool zeros: a request's presence before its first round
 
     @staticmethod
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
         return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
-                or generation.no_repeat_ngram_size > 0 or bool(generation.bad_words_ids))
+                or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens))
 
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
                  nodes: int) -> dict[str, list[int]]:

@@ -109,8 +109,7 @@ class RequestState:
         self.penalizes = generation.repetition_penalty != 1.0
         self.unseen = [int(t) for t in seen_prompt.ids[seen_prompt.penalty_start:]] if self.penalizes else []
         self.seen: torch.Tensor | None = None
-        self.bans = (RowBans(generation, seen_prompt.ids) if generation.no_repeat_ngram_size
-                     or any(len(w) > 1 for w in generation.bad_words_ids) else None)
+        self.bans = RowBans(generation, seen_prompt.ids) if RowBans.wanted(generation) else None
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
         self._fit_window()

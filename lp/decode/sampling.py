@@ -1,8 +1,9 @@
 """Exact sampling verification (DESIGN.md section 4).
 
 The target distribution of a row is transformers' own: logits (after the
-repetition penalty and EOS hold-back, lp/decode/processors.py) -> temperature
--> top-k -> top-p -> min-p (the warpers `generate` uses, in its order),
+repetition penalty, bans and EOS hold-back, lp/decode/processors.py) ->
+temperature -> top-h -> top-k -> top-p -> min-p -> typical -> epsilon -> eta
+(the warpers `generate` uses, in its order; each reads its row alone),
 softmax in float64. The candidates form a token tree (lp/decode/tree.py). Starting at
 the root (the ordinary row's distribution p), a node's children are tested
 in child order as one-hot proposals: child c is accepted with probability
@@ -41,26 +42,42 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
     LogitsProcessorList,
     MinPLogitsWarper,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
+from lp.decode.params import GenerationParams
 from lp.decode.tree import TokenTree
 from lp.decode.verify import node_mismatch
 
 
-def warpers(temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> LogitsProcessorList:
-    """transformers' sampling warpers in generate's order: temperature, top-k, top-p, min-p."""
-    out = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
-    if top_k > 0:
-        out.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        out.append(TopPLogitsWarper(top_p))
-    if min_p > 0.0:
-        out.append(MinPLogitsWarper(min_p))
+def warpers(generation: GenerationParams, device: torch.device | str = "cpu") -> LogitsProcessorList:
+    """transformers' sampling warpers of `generation` (sampling: temperature > 0) in generate's order
+    (lp.decode.params.WARPER_KEYS), each where generate builds it: temperature, then top_h, top_k, top_p,
+    min_p, typical_p, epsilon_cutoff and eta_cutoff where they are not off."""
+    g = generation
+    out = LogitsProcessorList([TemperatureLogitsWarper(g.temperature)])
+    if g.top_h > 0.0:
+        out.append(TopHLogitsWarper(g.top_h))
+    if g.top_k > 0:
+        out.append(TopKLogitsWarper(g.top_k))
+    if g.top_p < 1.0:
+        out.append(TopPLogitsWarper(g.top_p))
+    if g.min_p > 0.0:
+        out.append(MinPLogitsWarper(g.min_p))
+    if g.typical_p < 1.0:
+        out.append(TypicalLogitsWarper(g.typical_p))
+    if g.epsilon_cutoff > 0.0:
+        out.append(EpsilonLogitsWarper(g.epsilon_cutoff))
+    if g.eta_cutoff > 0.0:
+        out.append(EtaLogitsWarper(g.eta_cutoff, device=device))
     return out
 
 

@@ -231,13 +231,18 @@ class JobConfig:
     baseline: BaselineSection = field(default_factory=BaselineSection)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """Plain YAML/JSON-ready mapping (tuples become lists); load_config_dict inverts it."""
-        return {name: {k: list(v) if isinstance(v, tuple) else v
-                       for k, v in dataclasses.asdict(getattr(self, name)).items()}
+        """Plain YAML/JSON-ready mapping (tuples, nested ones included, become lists); load_config_dict
+        inverts it."""
+        return {name: {k: _lists(v) for k, v in dataclasses.asdict(getattr(self, name)).items()}
                 for name in SECTIONS}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def _lists(value: Any) -> Any:
+    """`value` with every tuple in it a list (YAML's safe dumper writes no tuples)."""
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 SECTION_DEFAULTS: dict[str, dict[str, Any]] = {"lookahead": JOB_LOOKAHEAD}  # job defaults != class defaults
@@ -460,6 +465,9 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     if origin in (tuple, list) and args and args[0] is str:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, "a list of strings"
+    if origin is tuple and args and args[0] is int:       # token ids
+        ok = isinstance(value, (list, tuple)) and all(_check_type(t, int)[0] for t in value)
+        return ok, tuple(value) if ok else value, "a list of token ids"
     if origin is tuple and args and typing.get_origin(args[0]) is tuple:      # token id sequences
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(w, (list, tuple)) and all(_check_type(t, int)[0] for t in w) for w in value)
