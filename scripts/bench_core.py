@@ -38,6 +38,7 @@ against rows, so a configuration can be read against the peer at equal rows.
         --configs "15,5,15;0,3,0,2,10,3;15,5,15,2,10,3"  # lookahead, lookup, both, and prompt lookup
     python scripts/bench_core.py --temperature 0.7 --top-p 0.9 --configs "15,5,15;7,5,7" --seeding on
     python scripts/bench_core.py --repetition-penalty 1.2 --seeding on   # generate's penalty, every system
+    python scripts/bench_core.py --no-repeat-ngram-size 4 --seeding on   # generate's n-gram ban, every system
     python scripts/bench_core.py --seeding on --suffix-peer 32,8 \
         --configs "0,4,0,suffix_factor=8,suffix_tokens=32,suffix_min_score=0.1,job_cache=true"
     python scripts/bench_core.py --data classeval --data-path ../shared/data/ClassEval_data.json --limit 10 --chat
@@ -139,6 +140,8 @@ def label(p: LookaheadParams) -> str:
               help="generate's repetition penalty, for every system (1: off)")
 @click.option("--min-new-tokens", "min_new_tokens", default=0, show_default=True,
               help="no EOS before this many new tokens, for every system (0: off)")
+@click.option("--no-repeat-ngram-size", "no_repeat", default=0, show_default=True,
+              help="generate's n-gram ban (the host lists each row's bans), for every system (0: off)")
 @click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F[;B,F...]",
               help="also simulate SuffixDecoding (arctic-inference) with tree drafts of at most B nodes and "
                    "F x match length, with and without its global cache (greedy only); several B,F "
@@ -154,13 +157,15 @@ def label(p: LookaheadParams) -> str:
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
-         temperature, top_k, top_p, repetition_penalty, min_new_tokens, suffix_peer, compile_mode, cpu_linear, threads,
-         json_out):
+         temperature, top_k, top_p, repetition_penalty, min_new_tokens, no_repeat, suffix_peer, compile_mode, cpu_linear,
+         threads, json_out):
     if threads:
         torch.set_num_threads(threads)
     gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens)
-    processors = dict(repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens or None)  # plain's
+                           repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+                           no_repeat_ngram_size=no_repeat)
+    processors = dict(repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens or None,  # plain's
+                      no_repeat_ngram_size=no_repeat or None)
     seedings = {"on": [True], "off": [False], "both": [True, False]}[seeding]
     variants = [LookaheadParams(**{**vars(p), "pool_seeding": s}) for p in parse_configs(configs) for s in seedings]
     try:
@@ -260,6 +265,8 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     mode = f"sampling T={temperature} top_k={top_k} top_p={top_p}" if gen.sampling else "greedy"
     if repetition_penalty != 1.0 or min_new_tokens:
         mode += f", repetition_penalty {repetition_penalty}, min_new_tokens {min_new_tokens}"
+    if no_repeat:
+        mode += f", no_repeat_ngram_size {no_repeat}"
     names = {"humaneval": "HumanEval", "classeval": "ClassEval"}
     click.echo(f"\nmodel {model_name} {dtype}, {kernels} linear kernels, {len(prompts)} {names[data]} prompts"
                f"{' (chat)' if chat else ''}, {max_new_tokens} new tokens, "
@@ -271,6 +278,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     report = {"model": model_name, "dtype": dtype, "cpu_linear": kernels, "data": data, "chat": chat,
               "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "repetition_penalty": repetition_penalty, "min_new_tokens": min_new_tokens,
+              "no_repeat_ngram_size": no_repeat,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}
     for name, st in stats.items():

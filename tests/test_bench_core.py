@@ -71,7 +71,7 @@ def test_bench_core_float32_shares_onednn_linears_and_times_a_stock_copy(tmp_pat
 
 
 def test_bench_core_applies_the_processors_to_every_system(tmp_path):
-    """--repetition-penalty and --min-new-tokens reach plain greedy and lookahead alike (float64: the same
+    """--repetition-penalty, --min-new-tokens and --no-repeat-ngram-size reach plain greedy and lookahead alike (float64: the same
     ids), and change them; the processors' ops per round stay within their bound."""
     def run(*extra):
         out = tmp_path / "core.json"
@@ -83,8 +83,9 @@ def test_bench_core_applies_the_processors_to_every_system(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(out.read_text()), proc.stdout
     free, _ = run()
-    report, stdout = run("--repetition-penalty", "1.5", "--min-new-tokens", "4")
+    report, stdout = run("--repetition-penalty", "1.5", "--min-new-tokens", "4", "--no-repeat-ngram-size", "2")
     assert report["repetition_penalty"] == 1.5 and "repetition_penalty 1.5, min_new_tokens 4" in stdout
+    assert report["no_repeat_ngram_size"] == 2 and "no_repeat_ngram_size 2" in stdout
     assert all(s["same_as_plain"] == 2 for s in report["systems"])
     assert report["plain_tokens"] == report["systems"][1]["tokens"]
     assert report["systems"][1]["ops_per_round"] <= 60       # tests/test_round_ops.py: 30 + 30
