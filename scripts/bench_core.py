@@ -157,8 +157,8 @@ def label(p: LookaheadParams) -> str:
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
-         temperature, top_k, top_p, repetition_penalty, min_new_tokens, no_repeat, suffix_peer, compile_mode, cpu_linear,
-         threads, json_out):
+         temperature, top_k, top_p, repetition_penalty, min_new_tokens, no_repeat, suffix_peer, compile_mode,
+         cpu_linear, threads, json_out):
     if threads:
         torch.set_num_threads(threads)
     gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -71,8 +71,8 @@ def test_bench_core_float32_shares_onednn_linears_and_times_a_stock_copy(tmp_pat
 
 
 def test_bench_core_applies_the_processors_to_every_system(tmp_path):
-    """--repetition-penalty, --min-new-tokens and --no-repeat-ngram-size reach plain greedy and lookahead alike (float64: the same
-    ids), and change them; the processors' ops per round stay within their bound."""
+    """--repetition-penalty, --min-new-tokens and --no-repeat-ngram-size reach plain greedy and lookahead
+    alike (float64: the same ids), and change them; the processors' ops per round stay within their bound."""
     def run(*extra):
         out = tmp_path / "core.json"
         cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",

@@ -138,7 +138,8 @@ def test_top_k_and_top_p_add_only_their_warpers_ops(model16):
     scores = torch.randn(3, 16, dtype=torch.float64)
     with RoundOps() as alone:
         alone._in_round, alone.rounds = True, [0]
-        for warper in warpers(GenerationParams(temperature=0.8, top_k=5, top_p=0.9))[1:]:             # the top-k and top-p warpers alone
+        # the top-k and top-p warpers alone
+        for warper in warpers(GenerationParams(temperature=0.8, top_k=5, top_p=0.9))[1:]:
             scores = warper(None, scores)
     assert alone.rounds[0] > 0 and rounds[5] == rounds[0] + alone.rounds[0], (rounds, alone.ops)
 
