@@ -23,9 +23,10 @@ what it prints with `generate`, and an assistant model is refused; `stop_strings
 (transformers refuses them without the tokenizer before it calls `lookahead`): `generate` below takes
 them.
 
-`generate` decodes one prompt or many (text with a tokenizer, or token ids), with stop strings and a
-streamer that receives each round's committed tokens as the round commits them, and returns one
-`GenerationResult` per prompt (token ids, text, finish reason, forwards, S).
+`generate` decodes one prompt or many (text with a tokenizer, or token ids), with stop strings, a
+streamer that receives each round's committed tokens as the round commits them, and several prompts
+per forward (`batch_size`, as a job's), and returns one `GenerationResult` per prompt (token ids,
+text, finish reason, forwards, S). Both draft from the call's earlier completions, as a job does.
 
 Greedy output is identical to `model.generate(do_sample=False)`; sampled output is distributed as
 `generate`'s sampling (its draws are lp's, seeded from `seed`, or in the drop-in from torch's global
@@ -35,8 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import numbers
 import sys
+import time
+import weakref
 from typing import Mapping, Sequence
 
 import torch
@@ -61,10 +65,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.processors import SeenPrompt
-from lp.engine import GenerationResult, lookahead_generate
+from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
+from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
+from lp.measure.cost_model import budget_kwargs, row_costs
 from lp.messages import short_repr
 
+logger = logging.getLogger("lp.library")
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
 # generate's sampling warpers in its order (lp.decode.params.WARPER_KEYS): the GenerationParams field each
 # sets and its value there
@@ -202,12 +209,15 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         raise ValueError(f"lp.lookahead streams one row: a streamer with a batch of {input_ids.shape[0]} rows is "
                          f"not supported")
     rows = []
+    corpus = completions_index(params)      # a row drafts from the rows decoded before it too
     for b in range(input_ids.shape[0]):
         row = input_ids[b]
         prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
         seen = SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0)   # what generate's processors see
         r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
-                               streamer=streamer, seen_prompt=seen)
+                               streamer=streamer, seen_prompt=seen, corpus=corpus)
+        if corpus is not None and r.token_ids:
+            corpus.add(r.token_ids)
         rows.append(r.token_ids)
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
@@ -225,14 +235,18 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              top_h: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
              epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
-             suppress_tokens: Sequence[int] = (), seed: int = 0, streamer=None,
+             suppress_tokens: Sequence[int] = (), seed: int = 0, streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
     the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's); a
     `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
-    lp's own options are keyword arguments with the job config's names and defaults."""
+    lp's own options are keyword arguments with the job config's names and defaults. As in a job, each
+    prompt drafts from the call's earlier completions too (`job_cache`), and `batch_size` > 1 decodes up
+    to that many prompts per forward with continuous batching (lp.engine.decode_batch), each round's
+    trees cut to the rows that pay on this device (`row_budget`: its costs measured at the first such
+    call on a model, then kept); the ids are the same at every batch size."""
     params = lookahead_params(**lookahead_keys)
     batch = _prompt_list(prompts, tokenizer)
     if streamer is not None and len(batch) != 1:
@@ -247,7 +261,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
-                 suppress_tokens=suppress_tokens)
+                 suppress_tokens=suppress_tokens, batch_size=batch_size)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -260,16 +274,46 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         generation = generation.greedy()       # generate reads no warper either
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
-    out = []
-    for request, ids in enumerate(batch):
-        if streamer is not None:
-            streamer.put(torch.tensor([ids]))
-        r = lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
-                               request=request, streamer=streamer)
+    corpus = completions_index(params)      # the call's earlier completions, drafted from as a job's
+    width = min(generation.batch_size, len(batch))
+    if width > 1:
+        costs = _row_costs(model, params, width, batch) if params.row_budget else None
+        outcomes = decode_batch(model, ((i, ids, i) for i, ids in enumerate(batch)), params, generation,
+                                batch_size=width, prompt_tokens=max(map(len, batch)), eos_token_ids=eos,
+                                tokenizer=tokenizer, corpus=corpus, **budget_kwargs(costs))
+    else:
+        def one(request: int, ids: list[int]) -> GenerationResult:
+            if streamer is not None:
+                streamer.put(torch.tensor([ids]))
+            return lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
+                                      request=request, streamer=streamer, corpus=corpus)
+        outcomes = ((request, one(request, ids)) for request, ids in enumerate(batch))
+    out: dict[int, GenerationResult] = {}
+    for request, r in outcomes:         # in the order they end; each completion joins the corpus then
+        if isinstance(r, ValueError):
+            raise r
+        if corpus is not None and r.token_ids:
+            corpus.add(r.token_ids)
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
-        out.append(r)
-    return out
+        out[request] = r
+    return [out[request] for request in range(len(batch))]
+
+
+_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {(batch, lookahead): row costs}
+
+
+def _row_costs(model, params: LookaheadParams, batch_size: int, prompts: list[list[int]]) -> dict:
+    """The row budget's costs for `model` (lp.measure.cost_model.row_costs), measured at its first
+    batched call with these sizes and kept with the model for the next ones."""
+    key = (batch_size, dataclasses.astuple(params))
+    kept = _COSTS.setdefault(model, {})
+    if key not in kept:
+        t0 = time.perf_counter()
+        kept[key] = row_costs(model, params, batch_size, prompts)
+        logger.info("row budget: %d forward times and the drafting measured in %.1f s (once per model and sizes)",
+                    len(kept[key]["curve"]), time.perf_counter() - t0)
+    return kept[key]
 
 
 def _generate_call(depth: int = 8) -> dict:

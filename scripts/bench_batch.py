@@ -71,7 +71,8 @@ from lp.decode.stopping import StopChecker
 from lp.engine import BatchStats, LookaheadParams, decode_batch
 from lp.jobs.config import ConfigError, load_config
 from lp.jobs.data import DataError, load_prompts, request_id
-from lp.jobs.runner import budget_kwargs, encode_prompt, measure_costs
+from lp.jobs.runner import encode_prompt, measure_costs
+from lp.measure.cost_model import budget_kwargs
 from lp.jobs.summary import percentile
 from lp.models import ModelLoadError, load_model
 

@@ -158,7 +158,7 @@ def test_cost_model_command_errors_are_one_line(tmp_path, capsys, args, message)
 
 
 def test_batched_forward_time_reads_between_measured_batch_sizes():
-    """The row budget's grid measures a few request counts (lp.jobs.runner.curve_batches); the sizes
+    """The row budget's grid measures a few request counts (lp.measure.cost_model.curve_batches); the sizes
     between are read linearly from the two on either side, at the same rows per request."""
     grid = [{"batch": b, "rows": r, "seconds": 0.1 * b + 0.01 * b * r} for b in (1, 4, 16) for r in (1, 8, 64)]
     for b, r in ((1, 8), (4, 64), (16, 1)):                   # measured cells are read as they are
@@ -171,7 +171,7 @@ def test_batched_forward_time_reads_between_measured_batch_sizes():
 
 
 def test_the_grid_measures_1_4_16_requests_and_the_batch_size():
-    from lp.jobs.runner import curve_batches
+    from lp.measure.cost_model import curve_batches
     assert [curve_batches(b) for b in (1, 2, 4, 6, 16, 20, 64)] == [
         [1], [1, 2], [1, 4], [1, 4, 6], [1, 4, 16], [1, 4, 16, 20], [1, 4, 16, 64]]
 

@@ -23,6 +23,7 @@ import lp
 import lp.library
 from lp.baseline import autoregressive_generate
 from lp.engine import GenerationParams
+from lp.measure.cost_model import row_costs
 from lp.models import TinyTokenizer, tiny_random_llama
 from lp.tiny import tiny_random
 from test_sampling import NEW, PROMPT, chi_square_p, exact_joint
@@ -306,6 +307,46 @@ def test_generate_applies_generates_processors(model):
     want = [plain(model, torch.tensor([p]), max_new_tokens=20, **knobs)[0, len(p):].tolist() for p in PROMPTS]
     assert want != [plain(model, torch.tensor([p]), max_new_tokens=20)[0, len(p):].tolist() for p in PROMPTS]
     assert [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=20, **knobs, **TREE)] == want
+
+
+def test_generate_drafts_from_earlier_completions_and_batches(model, monkeypatch):
+    """lp.generate over several prompts: each drafts from the call's earlier completions (a repeated
+    prompt takes a few forwards, and as many as the first without job_cache), and batch_size decodes
+    several per forward with the row budget, its costs measured at the first batched call on a model
+    only; the ids are generate's (float64) at every batch size, and sampled ids the same too."""
+    prompts = [*PROMPTS, PROMPTS[0]]
+    want = [plain(model, torch.tensor([p]), max_new_tokens=30)[0, len(p):].tolist() for p in prompts]
+    one = lp.generate(model, prompts, max_new_tokens=30)
+    assert [r.token_ids for r in one] == want
+    assert 3 * one[-1].forwards < one[0].forwards       # the repeat follows the first one's completion
+    alone = lp.generate(model, prompts, max_new_tokens=30, job_cache=False)
+    assert [r.token_ids for r in alone] == want and alone[-1].forwards == alone[0].forwards
+    measured = []
+    monkeypatch.setattr(lp.library, "row_costs", lambda *a: measured.append(a[2]) or row_costs(*a))
+    fresh = tiny_random_llama(vocab=64, seed=0).model.double()      # no costs kept for it yet
+    for _ in range(2):
+        batched = lp.generate(fresh, prompts, max_new_tokens=30, batch_size=3)
+        assert [r.token_ids for r in batched] == want
+        assert max(r.batch_per_round and max(r.batch_per_round) for r in batched) > 1     # shared forwards
+    assert measured == [3]
+    sampled = dict(max_new_tokens=16, do_sample=True, temperature=0.8, seed=5)
+    assert [r.token_ids for r in lp.generate(model, prompts, **sampled)] == \
+        [r.token_ids for r in lp.generate(model, prompts, batch_size=4, row_budget=False, **sampled)]
+    with pytest.raises(ValueError, match=r"generation.batch_size: 0 must be >= 1"):
+        lp.generate(model, prompts, batch_size=0)
+
+
+def test_drop_in_rows_draft_from_the_rows_before(model, monkeypatch):
+    """A left-padded batch in the drop-in: each row drafts from the rows decoded before it, so a
+    repeated row takes a few forwards; the ids stay generate's."""
+    forwards = []
+    engine_call = lp.library.lookahead_generate
+    monkeypatch.setattr(lp.library, "lookahead_generate",
+                        lambda *a, **k: (lambda r: forwards.append(r.forwards) or r)(engine_call(*a, **k)))
+    ids, mask = left_padded([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
+    got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead)
+    assert torch.equal(got, plain(model, ids, mask, max_new_tokens=30))
+    assert 3 * forwards[2] < forwards[0]
 
 
 def test_generate_text_ids_and_stop_strings(model):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from functools import partial
 from itertools import islice
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from lp.baseline import autoregressive_generate
 from lp.decode.arch import position_limit
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
-from lp.engine import GenerationResult, decode_batch, lookahead_generate, round_rows_bound
+from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, prompt_digest, read_classeval, request_id
@@ -52,7 +51,7 @@ from lp.jobs.handout import Handout
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
-from lp.measure.cost_model import batch_curve, batch_forward_time, draft_time
+from lp.measure.cost_model import CURVE_PREFIX, budget_kwargs, row_costs
 from lp.messages import one_line
 from lp.models import LoadedModel, load_model
 from lp.parallel.dist import Comm
@@ -306,44 +305,17 @@ def budgeted(cfg: JobConfig) -> bool:
     return batched(cfg) and cfg.lookahead.row_budget
 
 
-CURVE_PREFIX = 256    # cached tokens the budget's forward-time curve is measured over
-
-
-def curve_batches(batch_size: int) -> list[int]:
-    """The request counts the row budget's grid measures: 1, 4, 16, ... up to the batch size, and
-    the batch size. The budget reads the sizes between linearly (lp.measure.cost_model.
-    batch_forward_time): a forward's time grows about linearly in the requests at a fixed row
-    count, and a measured cell is itself only as steady as two timings of one forward, so cells
-    between these sizes would lengthen the job's start-up more than they would sharpen the budget
-    (docs/configuration.md gives the start-up it takes)."""
-    return sorted({4 ** k for k in range(batch_size.bit_length()) if 4 ** k <= batch_size} | {batch_size})
-
-
 def measure_costs(cfg: JobConfig, loaded: LoadedModel, prompts: Sequence[Prompt]) -> dict[str, Any]:
-    """The row budget's costs on this device: {"curve": seconds of one batched round's forward by
-    requests and rows per request (lp.measure.cost_model.batch_curve: `curve_batches` requests, by
-    powers of two of rows up to what a round can feed, at most 64 per request, 512 in all; read off
-    linearly past them), "draft_seconds": host seconds of one request's drafting in a round
-    (lp.measure.cost_model.draft_time, on the first batch_size prompts that encode)}."""
-    batches = curve_batches(cfg.generation.batch_size)
-    most = min(64, round_rows_bound(cfg.lookahead, cfg.lookahead.width))
-    rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
+    """The row budget's costs for the job on this device (lp.measure.cost_model.row_costs), its
+    drafting timed on the first batch_size prompts that encode."""
     t0 = time.perf_counter()
-    curve = batch_curve(loaded.model, CURVE_PREFIX, batches, rows, repeats=2)
     limit = position_limit(loaded.model.config)
     encoded = (encode_prompt(p, loaded, cfg, limit) for p in prompts)
     firsts = list(islice((ids for ids, error in encoded if error is None), cfg.generation.batch_size))
-    drafting = draft_time(cfg.lookahead, firsts)
-    logger.info("row budget: forward times of %d batch sizes x %d row counts and drafting (%.2f ms per request) "
-                "measured in %.1f s", len(batches), len(rows), 1000 * drafting, time.perf_counter() - t0)
-    return {"curve": curve, "draft_seconds": drafting}
-
-
-def budget_kwargs(costs: dict[str, Any] | None) -> dict[str, Any]:
-    """decode_batch's row budget arguments from the recorded `costs` (none: no budget)."""
-    if costs is None:
-        return {}
-    return {"row_cost": partial(batch_forward_time, costs["curve"]), "draft_cost": costs["draft_seconds"]}
+    costs = row_costs(loaded.model, cfg.lookahead, cfg.generation.batch_size, firsts)
+    logger.info("row budget: forward times of %d cells and drafting (%.2f ms per request) measured in %.1f s",
+                len(costs["curve"]), 1000 * costs["draft_seconds"], time.perf_counter() - t0)
+    return costs
 
 
 def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,

@@ -51,6 +51,7 @@ import os
 import socket
 import statistics
 import time
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -306,6 +307,41 @@ def batch_forward_time(curve: Sequence[dict], batch: int, rows: float) -> float:
         lo, hi = sizes[-2], sizes[-1]
     t_lo, t_hi = at(lo), at(hi)
     return max(t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo), 0.0)
+
+
+CURVE_PREFIX = 256    # cached tokens the row budget's forward-time curve is measured over
+
+
+def curve_batches(batch_size: int) -> list[int]:
+    """The request counts the row budget's grid measures: 1, 4, 16, ... up to the batch size, and
+    the batch size. The budget reads the sizes between linearly (batch_forward_time): a forward's
+    time grows about linearly in the requests at a fixed row count, and a measured cell is itself
+    only as steady as two timings of one forward, so cells between these sizes would lengthen the
+    start-up more than they would sharpen the budget (docs/configuration.md gives the start-up it
+    takes)."""
+    return sorted({4 ** k for k in range(batch_size.bit_length()) if 4 ** k <= batch_size} | {batch_size})
+
+
+def row_costs(model, params, batch_size: int, prompts: Sequence[Sequence[int]]) -> dict:
+    """The row budget's costs on the model's device, for batches of up to `batch_size` requests with
+    the lookahead `params` (a LookaheadParams): {"curve": seconds of one batched round's forward by
+    requests and rows per request (batch_curve: `curve_batches` requests, by powers of two of rows up
+    to what a round can feed, at most 64 per request, 512 in all; read off linearly past them),
+    "draft_seconds": host seconds of one request's drafting in a round (draft_time, on the first
+    `batch_size` of `prompts`' ids)}."""
+    from lp.decode.request import round_rows_bound
+
+    most = min(64, round_rows_bound(params, params.width))
+    rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
+    curve = batch_curve(model, CURVE_PREFIX, curve_batches(batch_size), rows, repeats=2)
+    return {"curve": curve, "draft_seconds": draft_time(params, list(prompts)[:batch_size])}
+
+
+def budget_kwargs(costs: dict | None) -> dict:
+    """lp.engine.decode_batch's row budget arguments from `row_costs`' costs (None: no budget)."""
+    if costs is None:
+        return {}
+    return {"row_cost": partial(batch_forward_time, costs["curve"]), "draft_cost": costs["draft_seconds"]}
 
 
 def draft_time(params, prompts: Sequence[Sequence[int]], repeats: int = 3) -> float:
