@@ -8,7 +8,7 @@ generation config (the model's own `generation_config` merged with the call's ar
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
 `do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
 `eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
-`min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
+`begin_suppress_tokens`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
@@ -53,6 +53,7 @@ from transformers.generation.logits_process import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopHLogitsWarper,
@@ -85,7 +86,8 @@ _WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperatu
             EtaLogitsWarper: ("eta_cutoff", lambda p: float(p.epsilon))}     # a float32 tensor: its value exactly
 # generate's processors lp applies (lp/decode/processors.py), before any cutting warper
 _APPLIED = (RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor,
-            SuppressTokensLogitsProcessor, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+            SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, MinLengthLogitsProcessor,
+            MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -235,7 +237,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              top_h: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
              epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
-             suppress_tokens: Sequence[int] = (), seed: int = 0, streamer=None, batch_size: int = 1,
+             suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (), seed: int = 0,
+             streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
@@ -261,7 +264,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
-                 suppress_tokens=suppress_tokens, batch_size=batch_size)
+                 suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
+                 batch_size=batch_size)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -391,7 +395,7 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         kind = next((i for i, cls in enumerate(_WARPERS) if isinstance(p, cls)), None)
         if kind is None:
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, suppress_tokens, "
+                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, (begin_)suppress_tokens, "
                              f"min_length / min_new_tokens, and samples with "
                              f"{', '.join(key for key, _ in _WARPERS.values())}")
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
@@ -422,6 +426,11 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
         return "bad_words_ids", tuple(tuple(int(t) for t in w) for w in p.sequence_bias)
     if isinstance(p, SuppressTokensLogitsProcessor):
         return "suppress_tokens", tuple(int(t) for t in p.suppress_tokens.tolist())
+    if isinstance(p, SuppressTokensAtBeginLogitsProcessor):     # (one that begins inside the input: _no_op)
+        if p.begin_index != shape[1]:
+            raise ValueError(f"lp.lookahead suppresses begin_suppress_tokens at the first new token; {_named(p)} "
+                             f"begins at input length {p.begin_index}, not {shape[1]}")
+        return "begin_suppress_tokens", tuple(int(t) for t in p.begin_suppress_tokens.tolist())
     if sorted(_ids(p.eos_token_id)) != sorted(eos):
         raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
                          f"holds back {_ids(p.eos_token_id)}")

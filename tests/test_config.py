@@ -122,6 +122,7 @@ BAD = [
     ("eta-nan", {"generation": {"eta_cutoff": float("nan")}}, [], "generation.eta_cutoff:"),
     ("suppress-nested", {"generation": {"suppress_tokens": [[3]]}}, [], "generation.suppress_tokens:"),
     ("suppress-negative", {"generation": {"suppress_tokens": [4, -1]}}, [], "generation.suppress_tokens:"),
+    ("begin-suppress-negative", {"generation": {"begin_suppress_tokens": [-2]}}, [], "generation.begin_suppress_tokens:"),
     ("seed-negative", {"generation": {"seed": -3}}, [], "generation.seed:"),
     ("seed-float", {"generation": {"seed": 1.5}}, [], "generation.seed:"),
 ]

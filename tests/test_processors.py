@@ -10,6 +10,7 @@ from transformers.generation.logits_process import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
 
@@ -32,7 +33,8 @@ KNOBS = [(1.3, 0, None), (0.7, 0, None), (1.0, 12, 11), (1.2, 20, 11)]
 # EOS among them: generate suppresses it too)
 BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_words_ids=[[7, 7], [11, 3, 3], [4]]),
         dict(bad_words_ids=[[12], [11, 11]], no_repeat_ngram_size=5, repetition_penalty=1.2, min_new_tokens=10),
-        dict(suppress_tokens=[3, 12, 15], bad_words_ids=[[4, 4]], min_new_tokens=1)]
+        dict(suppress_tokens=[3, 12, 15], bad_words_ids=[[4, 4]], min_new_tokens=1),
+        dict(begin_suppress_tokens=list(range(0, 16, 2)), suppress_tokens=[7])]     # the first token: odd
 
 
 @pytest.fixture(scope="module")
@@ -170,14 +172,15 @@ def test_greedy_with_processors_is_generate(model, penalty, least, eos):
 
 @pytest.mark.parametrize("knobs", BANS)
 def test_greedy_with_bans_is_generate(model, knobs):
-    """float64: with no_repeat_ngram_size, bad_words_ids and suppress_tokens (and with a penalty and
+    """float64: with no_repeat_ngram_size, bad_words_ids and (begin_)suppress_tokens (and with a penalty and
     min_new_tokens too), lookahead's tokens are generate's for window, lookup, suffix and lookup-only
     trees, one request at a time and in batches of 3; the knobs change the output."""
     eos = 3 if "min_new_tokens" in knobs else None
-    ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple}
+    ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple, "begin_suppress_tokens": tuple}
     gen = GenerationParams(NEW, **{k: ids.get(k, lambda v: v)(v) for k, v in knobs.items()})
     penalty, least = knobs.get("repetition_penalty", 1.0), knobs.get("min_new_tokens", 0)
-    bans = {k: v for k, v in knobs.items() if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens")}
+    bans = {k: v for k, v in knobs.items()
+            if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens")}
     want = [generate_ids(model, p, penalty, least, eos, **bans) for p in PROMPTS]
     assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
     multi = 0
@@ -226,6 +229,9 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
             scores = NoBadWordsLogitsProcessor([list(w) for w in gen.bad_words_ids], eos)(torch.tensor([seq]), scores)
         if gen.suppress_tokens:
             scores = SuppressTokensLogitsProcessor(list(gen.suppress_tokens))(torch.tensor([seq]), scores)
+        if gen.begin_suppress_tokens:
+            scores = SuppressTokensAtBeginLogitsProcessor(list(gen.begin_suppress_tokens), len(prompt))(
+                torch.tensor([seq]), scores)
         seq.append(sample(distribution(scores[0], warp), draws.uniform(k)))
         if seq[-1] in eos:
             break
@@ -238,7 +244,7 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
     GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3),   # paths penalised
     # generate's other warpers together, after a suppressed token
     GenerationParams(NEW, temperature=1.2, top_h=0.95, min_p=0.02, typical_p=0.9, epsilon_cutoff=0.01,
-                     eta_cutoff=0.02, suppress_tokens=(5,), seed=4)])
+                     eta_cutoff=0.02, suppress_tokens=(5,), begin_suppress_tokens=tuple(range(8)), seed=4)])
 def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
     """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed
     sampling loop's with the same draws, one request at a time and batched (device and host walks)."""

@@ -119,6 +119,7 @@ class GenerationParams:
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     suppress_tokens: tuple[int, ...] = ()      # tokens never emitted (EOS ids included, as generate)
+    begin_suppress_tokens: tuple[int, ...] = ()     # tokens the first new token never is (EOS ids included)
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1
@@ -146,8 +147,9 @@ class GenerationParams:
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
                        f"(1 is off)")
-        if any(t < 0 for t in self.suppress_tokens):
-            out.append(f"generation.suppress_tokens: {list(self.suppress_tokens)!r} must be token ids >= 0")
+        for key in ("suppress_tokens", "begin_suppress_tokens"):
+            if any(t < 0 for t in getattr(self, key)):
+                out.append(f"generation.{key}: {list(getattr(self, key))!r} must be token ids >= 0")
         if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
             out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "
                        f"lists of token ids >= 0")

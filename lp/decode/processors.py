@@ -1,6 +1,6 @@
 """generate's score processors that lookahead applies exactly: the repetition penalty, the
-min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids and suppress_tokens
-(`generation.*` of those names).
+min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids, suppress_tokens and
+begin_suppress_tokens (`generation.*` of those names).
 
 Each changes a row's scores by what came before the row's prediction, so each verified row gets its
 own: z*'s row predicts the request's k-th new token (k committed so far) from the prompt and the
@@ -26,7 +26,9 @@ guesses from raw logits would rarely match a penalised output.
   round's upload and become -inf. A one-token bad word (other than an EOS id, which generate leaves
   out) is -inf in every verified row.
 - **suppress_tokens** (SuppressTokensLogitsProcessor): those tokens, EOS ids included, are -inf in
-  every verified row, as one-token bad words.
+  every verified row, as one-token bad words. **begin_suppress_tokens**
+  (SuppressTokensAtBeginLogitsProcessor): -inf in the row that predicts a request's first new
+  token, z*'s row of its first round.
 
 Scores are processed in float32 as generate processes them, in its order: the penalty, then the
 bans and the hold-back (each -inf, which the penalty keeps), then the sampling warpers. float64
@@ -123,14 +125,16 @@ def penalize(scores: torch.Tensor, penalty: float) -> torch.Tensor:
 
 def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok: torch.Tensor,
                  ancestors: torch.Tensor, hold: torch.Tensor | None, eos: torch.Tensor | None,
-                 penalty: float, bans: torch.Tensor | None = None, words: torch.Tensor | None = None) -> torch.Tensor:
+                 penalty: float, bans: torch.Tensor | None = None, words: torch.Tensor | None = None,
+                 opening: torch.Tensor | None = None) -> torch.Tensor:
     """The processed scores of a round's frame, [n, D + 1 + N, V]: `frame` holds the window's `deep`
     (D) deepest cells, z*'s row, then the node frame's N rows; `seen` [n, V + 1] bool the tokens each
     request's input held before the round (None: no penalty); `tok` [n, N] the node frame's tokens
     (-1: PAD); `ancestors` [n, N, N] bool, (i, j) when node j is i or one of its ancestors; `hold`
     [n, 1 + N] bool the verified rows (z*'s, the nodes') whose `eos` ([V] bool) scores are held at
     -inf (None: none); `bans` flat indices into the frame of banned (row, token) cells; `words` [V]
-    bool the tokens banned in every verified row. The window's cells get the penalty of `seen`
+    bool the tokens banned in every verified row; `opening` [n, V] bool the tokens banned in z*'s row
+    (a request's first new token: begin_suppress_tokens). The window's cells get the penalty of `seen`
     alone, and nothing else."""
     scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
     out = scores
@@ -152,7 +156,7 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
             first = deep + 1
             rows = torch.where(held, hit[:, first:].gather(2, index), scores[:, first:].gather(2, index))
             out[:, first:].scatter_(2, index, rows)
-    if hold is None and bans is None and words is None:
+    if hold is None and bans is None and words is None and opening is None:
         return out
     if out is frame or not out.is_contiguous():        # never write the model's logits
         out = out.contiguous() if out is not frame else out.clone(memory_format=torch.contiguous_format)
@@ -160,6 +164,8 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
         out[:, deep:].masked_fill_(hold[:, :, None] & eos, float("-inf"))
     if words is not None:
         out[:, deep:].masked_fill_(words, float("-inf"))
+    if opening is not None:
+        out[:, deep].masked_fill_(opening, float("-inf"))
     if bans is not None:
         out.view(-1).index_fill_(0, bans, float("-inf"))
     return out
@@ -178,20 +184,24 @@ class Processors:
         # suppress_tokens
         self.word_ids = sorted(({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
                                | set(generation.suppress_tokens))
-        self.eos = self.words = None    # [V] bool masks, made at the first round that needs them
+        self.begin_ids = sorted(set(generation.begin_suppress_tokens))    # at a request's first new token
+        self.eos = self.words = self.begin = None    # [V] bool masks, made at the first round that needs them
         self.empty = None               # [V + 1] bool zeros: a request's presence before its first round
 
     @staticmethod
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
         return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
-                or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens))
+                or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens)
+                or bool(generation.begin_suppress_tokens))
 
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
                  nodes: int) -> dict[str, list[int]]:
         """The round's upload for them: per request the tokens committed since its last round
         ("fresh", padded alike), which of its verified rows hold EOS back ("hold": z*'s row, then the
-        node frame's; none once every request has min_new_tokens), and the frame cells (flat
-        indices, the frame being [n, deep + 1 + nodes, V]) its n-grams and bad words ban ("bans")."""
+        node frame's; none once every request has min_new_tokens), whether its z* row predicts its
+        first new token ("first", with begin_suppress_tokens; none once no request does), and the
+        frame cells (flat indices, the frame being [n, deep + 1 + nodes, V]) its n-grams and bad words
+        ban ("bans")."""
         out: dict[str, list[int]] = {}
         if self.penalty != 1.0:
             width = max(1, *(len(s.unseen) for s in states))
@@ -202,6 +212,8 @@ class Processors:
                 k, depths = state.generated, plan.tree.depths
                 out["hold"] += [int(k + d < self.least) for d in [0, *(depths[u] for u in plan.nodes)]]
                 out["hold"] += [0] * (nodes - len(plan.nodes))
+        if self.begin_ids and any(s.generated == 0 for s in states):
+            out["first"] = [int(s.generated == 0) for s in states]
         bans, v, size = [], self.vocab, deep + 1 + nodes
         for b, (state, plan) in enumerate(zip(states, plans)):
             if state.bans is not None:
@@ -233,8 +245,12 @@ class Processors:
             hold = dev["hold"].view(n, -1).bool()
         if self.word_ids and self.words is None:
             self.words = self._mask(self.word_ids)
+        opening = None
+        if "first" in dev:
+            self.begin = self.begin if self.begin is not None else self._mask(self.begin_ids)
+            opening = dev["first"].view(n, 1).bool() & self.begin
         return process_rows(frame, deep, seen, tok, ancestors, hold, self.eos, self.penalty, dev.get("bans"),
-                            self.words)
+                            self.words, opening)
 
     def _mask(self, ids: Sequence[int]) -> torch.Tensor:
         """[V] bool, True at `ids`: filled id by id on the device (a few fills once, no copy from the host)."""
