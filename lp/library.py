@@ -11,7 +11,8 @@ decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`,
 `begin_suppress_tokens`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
-config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`).
+config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`),
+and `batch_size`, the rows decoded per forward (1: one at a time).
 What it cannot do exactly it refuses, naming the option: beam search, assisted decoding, logits
 processors other than those above, stopping criteria other than the length and EOS ones, scores or
 hidden states in the output.
@@ -156,9 +157,11 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
               suffix_factor: float = JOB_LOOKAHEAD["suffix_factor"],
               suffix_tokens: int = JOB_LOOKAHEAD["suffix_tokens"],
               suffix_min_score: float = JOB_LOOKAHEAD["suffix_min_score"],
-              job_cache: bool = JOB_LOOKAHEAD["job_cache"], tree_budget: int = 0, **model_kwargs):
+              job_cache: bool = JOB_LOOKAHEAD["job_cache"], tree_budget: int = 0,
+              row_budget: bool = True, prefix_reuse: bool = True, batch_size: int = 1, **model_kwargs):
     """`model.generate(..., custom_generate=lp.lookahead)`: transformers calls this with the prepared
-    inputs (module docstring). Returns what `generate` returns: prompt + new ids, [batch, length]."""
+    inputs (module docstring). Returns what `generate` returns: prompt + new ids, [batch, length].
+    `batch_size` > 1 decodes up to that many of the batch's rows per forward, as lp.generate does."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     caller = _generate_call()
@@ -197,30 +200,28 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
-                              suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget)
+                              suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget,
+                              row_budget=row_budget, prefix_reuse=prefix_reuse)
     new = config.max_length - input_ids.shape[1] if config.max_length is not None else config.max_new_tokens
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{input_ids.shape[1]} tokens)")
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     seed = int(torch.randint(0, 2**62, (1,)).item()) if processing.get("temperature", 0) > 0 else 0
-    generation = GenerationParams(new, **processing, seed=seed)
+    generation = GenerationParams(new, **processing, seed=seed, batch_size=batch_size)
+    check(generation)
     if mask is not None:
         _check_left_padding(mask, pad)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"lp.lookahead streams one row: a streamer with a batch of {input_ids.shape[0]} rows is "
                          f"not supported")
-    rows = []
-    corpus = completions_index(params)      # a row drafts from the rows decoded before it too
+    prompts, seen = [], []
     for b in range(input_ids.shape[0]):
         row = input_ids[b]
-        prompt = row[mask[b].bool()] if mask is not None else row      # left padding stripped
-        seen = SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0)   # what generate's processors see
-        r = lookahead_generate(model, prompt.tolist(), params, generation, eos_token_ids=eos, request=b,
-                               streamer=streamer, seen_prompt=seen, corpus=corpus)
-        if corpus is not None and r.token_ids:
-            corpus.add(r.token_ids)
-        rows.append(r.token_ids)
+        prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
+        seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
+    rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
+                                         generation.batch_size, seen)]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
@@ -278,30 +279,41 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         generation = generation.greedy()       # generate reads no warper either
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
-    corpus = completions_index(params)      # the call's earlier completions, drafted from as a job's
-    width = min(generation.batch_size, len(batch))
+    if streamer is not None:
+        streamer.put(torch.tensor(batch))
+    results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size)
+    for r in results:
+        if r.text is None and tokenizer is not None:
+            r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
+    return results
+
+
+def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation: GenerationParams, eos: list[int],
+            tokenizer, streamer, batch_size: int, seen: list[SeenPrompt] | None = None) -> list[GenerationResult]:
+    """Every prompt decoded (the k-th as request k, `seen[k]` what generate's processors see of it), one
+    result each in prompt order: each drafts from the completions that ended before it starts (the
+    call's job cache), and with `batch_size` > 1 up to that many share each forward, with the row
+    budget where `params` asks for it."""
+    corpus = completions_index(params)
+    seen = seen or [None] * len(prompts)
+    width = min(batch_size, len(prompts))
     if width > 1:
-        costs = _row_costs(model, params, width, batch) if params.row_budget else None
-        outcomes = decode_batch(model, ((i, ids, i) for i, ids in enumerate(batch)), params, generation,
-                                batch_size=width, prompt_tokens=max(map(len, batch)), eos_token_ids=eos,
-                                tokenizer=tokenizer, corpus=corpus, **budget_kwargs(costs))
+        costs = _row_costs(model, params, width, prompts) if params.row_budget else None
+        outcomes = decode_batch(model, ((k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
+                                generation, batch_size=width, prompt_tokens=max(map(len, prompts)),
+                                eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, **budget_kwargs(costs))
     else:
-        def one(request: int, ids: list[int]) -> GenerationResult:
-            if streamer is not None:
-                streamer.put(torch.tensor([ids]))
-            return lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
-                                      request=request, streamer=streamer, corpus=corpus)
-        outcomes = ((request, one(request, ids)) for request, ids in enumerate(batch))
+        outcomes = ((k, lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
+                                           request=k, streamer=streamer, seen_prompt=s, corpus=corpus))
+                    for k, (ids, s) in enumerate(zip(prompts, seen)))
     out: dict[int, GenerationResult] = {}
-    for request, r in outcomes:         # in the order they end; each completion joins the corpus then
+    for k, r in outcomes:         # in the order they end; each completion joins the corpus then
         if isinstance(r, ValueError):
             raise r
         if corpus is not None and r.token_ids:
             corpus.add(r.token_ids)
-        if r.text is None and tokenizer is not None:
-            r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
-        out[request] = r
-    return [out[request] for request in range(len(batch))]
+        out[k] = r
+    return [out[k] for k in range(len(prompts))]
 
 
 _COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {(batch, lookahead): row costs}
@@ -395,7 +407,8 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         kind = next((i for i, cls in enumerate(_WARPERS) if isinstance(p, cls)), None)
         if kind is None:
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, (begin_)suppress_tokens, "
+                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, "
+                             f"(begin_)suppress_tokens, "
                              f"min_length / min_new_tokens, and samples with "
                              f"{', '.join(key for key, _ in _WARPERS.values())}")
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf

@@ -340,17 +340,27 @@ def test_generate_drafts_from_earlier_completions_and_batches(model, monkeypatch
         lp.generate(model, prompts, batch_size=0)
 
 
-def test_drop_in_rows_draft_from_the_rows_before(model, monkeypatch):
+def test_drop_in_rows_draft_from_the_rows_before_and_batch(model, monkeypatch):
     """A left-padded batch in the drop-in: each row drafts from the rows decoded before it, so a
-    repeated row takes a few forwards; the ids stay generate's."""
-    forwards = []
-    engine_call = lp.library.lookahead_generate
+    repeated row takes a few forwards; with batch_size the rows share forwards (decode_batch, each with
+    the row generate's processors see); the ids stay generate's."""
+    forwards, batched = [], []
+    engine_call, batch_call = lp.library.lookahead_generate, lp.library.decode_batch
     monkeypatch.setattr(lp.library, "lookahead_generate",
                         lambda *a, **k: (lambda r: forwards.append(r.forwards) or r)(engine_call(*a, **k)))
+    monkeypatch.setattr(lp.library, "decode_batch",
+                        lambda *a, **k: batched.append(k["batch_size"]) or batch_call(*a, **k))
     ids, mask = left_padded([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
-    got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead)
-    assert torch.equal(got, plain(model, ids, mask, max_new_tokens=30))
-    assert 3 * forwards[2] < forwards[0]
+    want = plain(model, ids, mask, max_new_tokens=30)
+    assert torch.equal(plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead), want)
+    assert 3 * forwards[2] < forwards[0] and not batched
+    got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, batch_size=4, row_budget=False)
+    assert torch.equal(got, want) and batched == [3]
+    penalised = dict(max_new_tokens=30, repetition_penalty=1.3, no_repeat_ngram_size=2)
+    assert torch.equal(plain(model, ids, mask, custom_generate=lp.lookahead, batch_size=2, row_budget=False,
+                             **penalised), plain(model, ids, mask, **penalised))
+    with pytest.raises(ValueError, match=r"generation.batch_size: 0 must be >= 1"):
+        plain(model, ids, mask, max_new_tokens=4, custom_generate=lp.lookahead, batch_size=0)
 
 
 def test_generate_text_ids_and_stop_strings(model):
