@@ -29,7 +29,9 @@ order (Plan.stages):
   -m lp.run` (world size 1, NCCL; no collectives in its rounds), one prompt at a time with the
   in-run baseline, then every prompt in one batch;
 - exact/<model>: in float32 with TF32 off, lookahead's ids against `generate`'s, and for each
-  difference the first differing position and the reference's top-2 logit margin there;
+  difference the first differing position and the reference's top-2 logit margin there; then
+  both again with generate's processors (PROCESSED: the ids, and whether the processors changed
+  them), and lookahead sampling with generate's warpers (SAMPLED: its S and host syncs per round);
 - profile/<model>: torch.profiler over a few rounds: kernels and summed kernel time per round next
   to the wall time per round (on the CPU: CPU ops, "activity": "cpu");
 - lp-p2/<model>, lp-p4/<model>: LP with 2 and 4 ranks on the one GPU (LP_SHARED_DEVICE=1: every rank
@@ -152,6 +154,10 @@ GREEDY_LOOP = dict(window=0, ngram=3, guesses=0, pool_seeding=False, lookup_cand
 PREFLIGHT_LOOKAHEAD = SMALL.compiled_lookahead   # every round fits 8 rows: one compiled shape
 PREFLIGHT_PREFIX = 16   # cached tokens of the preflight's batched rounds
 PROFILE_TOKENS = 32   # new tokens of a profiled decode (a few rounds)
+# the exact stage's second pass: generate's processors on the device (the penalty's presence rows, the
+# host's n-gram bans, the EOS hold-back and a suppressed token), and a sampled pass with its warpers
+PROCESSED = dict(repetition_penalty=1.2, no_repeat_ngram_size=3, min_new_tokens=4, suppress_tokens=(1,))
+SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.01, typical_p=0.95, eta_cutoff=0.0005, seed=1)
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "GROUP_RANK", "TORCHELASTIC_RUN_ID")
@@ -381,8 +387,9 @@ def sync(cuda: bool) -> None:
 # ---- in-process decoding (eager in this process, compiled in the worker) ------------------------------------
 
 
-def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool) -> dict:
-    """Plain greedy `generate` (lp.baseline, the jobs' baseline), timed per forward."""
+def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool, generation: dict | None = None) -> dict:
+    """Plain greedy `generate` (lp.baseline, the jobs' baseline; with `generation`'s GenerationParams
+    keys), timed per forward."""
     from lp.baseline import autoregressive_generate
     from lp.engine import GenerationParams
 
@@ -391,8 +398,9 @@ def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool) 
     sync(cuda)
     with times.hooked(loaded.model), counted_syncs(cuda, out):
         for ids in prompts:
-            results.append(autoregressive_generate(loaded.model, ids, GenerationParams(new_tokens),
-                                                   eos_token_ids=loaded.eos_token_ids))
+            gen = GenerationParams(new_tokens, **(generation or {}))
+            results.append(autoregressive_generate(loaded.model, ids, gen, eos_token_ids=loaded.eos_token_ids,
+                                                   request=len(results)))
     sync(cuda)
     tokens = sum(r.new_tokens for r in results)
     seconds = sum(r.decode_seconds for r in results)
@@ -405,8 +413,9 @@ def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool) 
 
 
 def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dict, cuda: bool,
-                  compile_mode: str = "off", comm=None) -> dict:
-    """lookahead_generate over `prompts`, each round timed on the device and against the wall."""
+                  compile_mode: str = "off", comm=None, generation: dict | None = None) -> dict:
+    """lookahead_generate over `prompts` (with `generation`'s GenerationParams keys), each round timed on
+    the device and against the wall."""
     from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 
     marks, out, results = Marks(cuda), {}, []
@@ -415,7 +424,8 @@ def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dic
     with times.patched(), counted_syncs(cuda, out):
         for k, ids in enumerate(prompts):
             results.append(lookahead_generate(loaded.model, ids, LookaheadParams(**params),
-                                              GenerationParams(new_tokens), eos_token_ids=loaded.eos_token_ids,
+                                              GenerationParams(new_tokens, **(generation or {})),
+                                              eos_token_ids=loaded.eos_token_ids,
                                               tokenizer=loaded.tokenizer, comm=comm, request=k,
                                               compile_mode=compile_mode))
     sync(cuda)
@@ -1146,8 +1156,9 @@ class Stages:
             return None
         load, gen, look, how = rates
         k, p, new = self.plan.inprocess_prompts, self.plan.prompts, self.plan.new_tokens
-        if kind == "exact":       # float32: twice the bytes per token
-            return 2 * (load + (gen + look) * k * new), f"2 x ({how}: load + {k} x {new} tokens of both), float32"
+        if kind == "exact":       # float32: twice the bytes per token; plain, processed, and a sampled lookahead
+            return (2 * (load + (3 * look + 2 * gen) * k * new),
+                    f"2 x ({how}: load + {k} x {new} tokens of both twice and of lookahead sampled), float32")
         if kind == "profile":     # a warm-up and a profiled decode of each; the profiler's overhead: x 7
             # (x 3 gave the H200's 7B profile 17.8 s, and it took 41 s of the 42 s it was allowed)
             return load + 14 * (gen + look) * PROFILE_TOKENS, f"{how}: load + 14 x {PROFILE_TOKENS} tokens of both"
@@ -1310,6 +1321,16 @@ class Stages:
             look = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm)
             out.update(matmul=settings, ids_equal=equal_count(look["token_ids"], gen["token_ids"]),
                        differences=first_differences(loaded.model, prompts, look["token_ids"], gen["token_ids"]))
+            gen_p = run_generate(loaded, prompts, new, self.cuda, PROCESSED)
+            look_p = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm, generation=PROCESSED)
+            sampled = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm, generation=SAMPLED)
+        out["processors"] = {"knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in PROCESSED.items()},
+                             "ids_equal": equal_count(look_p["token_ids"], gen_p["token_ids"]),
+                             "changed_by_them": gen_p["token_ids"] != gen["token_ids"], "S": look_p["S"],
+                             "host_syncs_per_round": look_p["host_syncs_per_round"]}
+        out["sampled"] = {"knobs": SAMPLED, "tokens": sampled["tokens"], "S": sampled["S"],
+                          "wall_ms_per_round": sampled["wall_ms_per_round"],
+                          "host_syncs_per_round": sampled["host_syncs_per_round"]}
         out.update(saved_dtype=self.dtype(model), rounds=look["rounds"], tokens=look["tokens"],
                    generate_token_ids=gen["token_ids"], lookahead_token_ids=look["token_ids"])
         return out
@@ -1425,6 +1446,11 @@ def render(report: dict) -> str:
             lines.append(f"  exact (float32, TF32 off): ids = generate {exact['ids_equal']}" + "".join(
                 f"; prompt {d['prompt']} differs at {d['position']} (top-2 margin {d['reference_top2_margin']:.3g})"
                 for d in exact["differences"]))
+            proc, sampled = exact["processors"], exact["sampled"]
+            lines.append(f"  exact with generate's processors: ids = generate {proc['ids_equal']} (they changed "
+                         f"generate's ids: {proc['changed_by_them']}), S {_f(proc['S'])}; sampled with its warpers: "
+                         f"S {_f(sampled['S'])}, {_f(sampled['wall_ms_per_round'])} ms and "
+                         f"{_f(sampled['host_syncs_per_round'])} host syncs per round")
         for stage in (f"job/{name}", f"job-batched/{name}", f"job-compiled/{name}", f"lp-p2/{name}", f"lp-p4/{name}"):
             s = stages.get(stage)
             if s and s.get("status") == "ok":

@@ -113,7 +113,7 @@ def test_estimates_come_from_what_was_measured(report):
     eager = stages["eager/tiny-llama"]
     gen, look = (eager["systems"][k] for k in ("generate eager", "lookahead eager"))
     k, new = report["workload"]["inprocess_prompts"], report["workload"]["new_tokens"]
-    work = eager["load_seconds"] + (gen["seconds"] / gen["tokens"] + look["seconds"] / look["tokens"]) * k * new
+    work = eager["load_seconds"] + (2 * gen["seconds"] / gen["tokens"] + 3 * look["seconds"] / look["tokens"]) * k * new
     assert stages["exact/tiny-llama"]["estimate_s"] == pytest.approx(2 * work)
     assert stages["exact/tiny-llama"]["estimate_basis"].startswith("2 x (eager/tiny-llama")
     # the later torchrun stages: the longest start-up measured when they were planned and the load and
@@ -167,6 +167,11 @@ def test_exact_stage(report):
         assert stage["ids_equal"] == f"{k}/{k}" and stage["differences"] == []
         assert stage["lookahead_token_ids"] == stage["generate_token_ids"]
         assert [len(ids) for ids in stage["lookahead_token_ids"]] == [new] * k and stage["rounds"] <= k * new
+        # generate's processors on the same prompts: the same ids, which they changed; sampling runs its warpers
+        assert stage["processors"]["ids_equal"] == f"{k}/{k}" and stage["processors"]["changed_by_them"] is True
+        assert stage["processors"]["knobs"] == {k2: list(v) if isinstance(v, tuple) else v
+                                                for k2, v in _module().PROCESSED.items()}
+        assert stage["sampled"]["tokens"] == k * new and stage["sampled"]["S"] >= 1
 
 
 def test_profile_stage(report):
