@@ -208,7 +208,10 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
                          f"{input_ids.shape[1]} tokens)")
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     seed = int(torch.randint(0, 2**62, (1,)).item()) if processing.get("temperature", 0) > 0 else 0
-    generation = GenerationParams(new, **processing, seed=seed, batch_size=batch_size)
+    sizes, problems = check_types("lookahead", GenerationParams, {"batch_size": batch_size})
+    if problems:
+        raise ValueError("\n".join(problems))
+    generation = GenerationParams(new, **processing, seed=seed, **sizes)
     check(generation)
     if mask is not None:
         _check_left_padding(mask, pad)

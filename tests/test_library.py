@@ -361,6 +361,8 @@ def test_drop_in_rows_draft_from_the_rows_before_and_batch(model, monkeypatch):
                              **penalised), plain(model, ids, mask, **penalised))
     with pytest.raises(ValueError, match=r"generation.batch_size: 0 must be >= 1"):
         plain(model, ids, mask, max_new_tokens=4, custom_generate=lp.lookahead, batch_size=0)
+    with pytest.raises(ValueError, match=r"lookahead.batch_size: '2' must be an integer"):
+        plain(model, ids, mask, max_new_tokens=4, custom_generate=lp.lookahead, batch_size="2")
 
 
 def test_generate_text_ids_and_stop_strings(model):
