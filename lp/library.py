@@ -8,7 +8,7 @@ generation config (the model's own `generation_config` merged with the call's ar
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
 `do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
 `eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
-`begin_suppress_tokens`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
+`begin_suppress_tokens`, `sequence_bias`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`),
@@ -54,6 +54,7 @@ from transformers.generation.logits_process import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
@@ -86,7 +87,8 @@ _WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperatu
             EpsilonLogitsWarper: ("epsilon_cutoff", lambda p: float(p.epsilon)),
             EtaLogitsWarper: ("eta_cutoff", lambda p: float(p.epsilon))}     # a float32 tensor: its value exactly
 # generate's processors lp applies (lp/decode/processors.py), before any cutting warper
-_APPLIED = (RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor,
+_APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor,
+            NoBadWordsLogitsProcessor,
             SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, MinLengthLogitsProcessor,
             MinNewTokensLengthLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
@@ -241,8 +243,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              top_h: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
              epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
-             suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (), seed: int = 0,
-             streamer=None, batch_size: int = 1,
+             suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (),
+             sequence_bias: Mapping | Sequence = (), seed: int = 0, streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
@@ -269,7 +271,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
                  suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
-                 batch_size=batch_size)
+                 sequence_bias=bias_entries(sequence_bias or ()), batch_size=batch_size)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -393,11 +395,16 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
     fields: dict = {"min_new_tokens": 0}
     ignored = cut = None
     last = -1
+    applied = None      # the first processor lp applies: a sequence bias must come before any other
     for p in processors:
         if isinstance(p, _APPLIED):
             if cut is not None:   # after a cutting warper: its cut would come first (temperature commutes)
                 raise ValueError(f"lp.lookahead applies {_named(p)} before the cutting warpers (top-k, top-p, "
                                  f"...), as generate orders its own; it cannot apply it after {_named(cut)}")
+            if _biases(p) and applied is not None:
+                raise ValueError(f"lp.lookahead adds sequence_bias first, as generate orders its own processors; "
+                                 f"it cannot add {_named(p)} after {_named(applied)}")
+            applied = applied or p
             key, value = _applied_field(p, shape, eos)
             if key == "min_new_tokens":         # min_length and min_new_tokens: the later end holds
                 value = max(value, fields[key])
@@ -411,7 +418,7 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         if kind is None:
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
                              f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, "
-                             f"(begin_)suppress_tokens, "
+                             f"(begin_)suppress_tokens, sequence_bias, "
                              f"min_length / min_new_tokens, and samples with "
                              f"{', '.join(key for key, _ in _WARPERS.values())}")
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
@@ -440,6 +447,8 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
         return "no_repeat_ngram_size", int(p.ngram_size)
     if isinstance(p, NoBadWordsLogitsProcessor):        # its words after generate's EOS filter
         return "bad_words_ids", tuple(tuple(int(t) for t in w) for w in p.sequence_bias)
+    if _biases(p):
+        return "sequence_bias", bias_entries(p.sequence_bias)
     if isinstance(p, SuppressTokensLogitsProcessor):
         return "suppress_tokens", tuple(int(t) for t in p.suppress_tokens.tolist())
     if isinstance(p, SuppressTokensAtBeginLogitsProcessor):     # (one that begins inside the input: _no_op)
@@ -453,6 +462,23 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
     if isinstance(p, MinLengthLogitsProcessor):          # generate counts the padded length
         return "min_new_tokens", max(p.min_length - shape[1], 0)
     return "min_new_tokens", max(p.prompt_length_to_skip + p.min_new_tokens - shape[1], 0)
+
+
+def _biases(p) -> bool:
+    """Whether `p` is a sequence bias (NoBadWordsLogitsProcessor is one too, of -inf: lp bans those)."""
+    return isinstance(p, SequenceBiasLogitsProcessor) and not isinstance(p, NoBadWordsLogitsProcessor)
+
+
+def bias_entries(value) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """generate's sequence_bias, a {token ids: bias} mapping or a list of [token ids, bias] pairs, as
+    GenerationParams.sequence_bias; a later entry for the same ids replaces an earlier one (generate's
+    own conversion)."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    try:
+        merged = {tuple(int(t) for t in ids): float(bias) for ids, bias in pairs}
+    except (TypeError, ValueError):
+        raise ValueError(f"sequence_bias {short_repr(value)} must map token id lists to biases") from None
+    return tuple(merged.items())
 
 
 def _ignored(length, shape: tuple[int, int]) -> list[int]:

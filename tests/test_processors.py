@@ -10,11 +10,12 @@ from transformers.generation.logits_process import (
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
 
-from lp.decode.processors import RowBans, SeenPrompt, process_rows
+from lp.decode.processors import Processors, RowBans, SeenPrompt, process_rows
 from lp.decode.sampling import Draws, distribution, sample, warpers
 from lp.decode.tree import tree_of
 from lp.decode.verify import frame_ancestors, node_frame
@@ -34,7 +35,10 @@ KNOBS = [(1.3, 0, None), (0.7, 0, None), (1.0, 12, 11), (1.2, 20, 11)]
 BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_words_ids=[[7, 7], [11, 3, 3], [4]]),
         dict(bad_words_ids=[[12], [11, 11]], no_repeat_ngram_size=5, repetition_penalty=1.2, min_new_tokens=10),
         dict(suppress_tokens=[3, 12, 15], bad_words_ids=[[4, 4]], min_new_tokens=1),
-        dict(begin_suppress_tokens=list(range(0, 16, 2)), suppress_tokens=[7])]     # the first token: odd
+        dict(begin_suppress_tokens=list(range(0, 16, 2)), suppress_tokens=[7]),     # the first token: odd
+        # biases, one-token and completed by a row's input, some on the same token, before a penalty
+        dict(sequence_bias=[[[7, 7], 3.0], [[4], -2.0], [[11, 3, 3], 2.5], [[9], 1.5], [[1, 9], -4.0], [[2], 0.7]],
+             repetition_penalty=1.2)]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +134,7 @@ def test_row_bans_are_transformers_processors_after_each_rows_input(n, words):
         committed = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
         bans = RowBans(gen, committed[:2])
         bans.extend(committed[2:])                  # the prompt, then the committed output
-        for row, banned in enumerate(bans.rows(tree, range(len(tree)))):
+        for row, (banned, _) in enumerate(bans.rows(tree, range(len(tree)))):
             path = [tree.tokens[u] for u in tree.path(row - 1)] if row else []
             ids = torch.tensor([committed + path])
             want = torch.zeros(1, vocab)
@@ -140,6 +144,37 @@ def test_row_bans_are_transformers_processors_after_each_rows_input(n, words):
             assert banned | singles == set(torch.isinf(want[0]).nonzero().flatten().tolist()), (row, committed, path)
             checked += 1
     assert checked > 30
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sequence_bias_is_transformers_processor_after_each_rows_input(dtype):
+    """sequence_bias on a round's frame (RowBans' completed entries on the host, process_rows on the
+    device): each verified row's scores are transformers' SequenceBiasLogitsProcessor's after that row's
+    whole input, to the bit in float32 (one-token biases alone, a completed entry on a token that also
+    has a one-token bias, repeated tokens along paths); the window's cells are left as they were."""
+    rng, vocab, deep = random.Random(7), 6, 2
+    entries = (((2,), 0.7), ((4,), -1.3), ((1, 2), 2.25), ((3, 3, 4), -3.5), ((0, 5), 1e-3))
+    gen = GenerationParams(8, sequence_bias=entries)
+    processors = Processors(gen, [], torch.device("cpu"), vocab)
+    checked = 0
+    for _ in range(12):
+        tree = tree_of([[rng.randrange(6) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(0, 5))])
+        committed = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
+        bans = RowBans(gen, committed)
+        rows = bans.rows(tree, range(len(tree)))
+        scores = torch.randn(1, deep + len(rows), vocab, dtype=torch.float64).mul(3).to(dtype)
+        cells = [(deep + j) * vocab + t for j, row in enumerate(rows) for t, _ in row.biased]
+        index = torch.tensor([i for row in rows for _, i in row.biased], dtype=torch.long)
+        dev = {"biased": torch.tensor(cells + index.tolist(), dtype=torch.long)} if cells else {}
+        got = processors.apply(scores, deep, [], dev, torch.zeros(1, 0, dtype=torch.long), None)
+        assert torch.equal(got[0, :deep], scores[0, :deep])
+        for j in range(len(rows)):
+            path = [tree.tokens[u] for u in tree.path(j - 1)] if j else []
+            want = SequenceBiasLogitsProcessor([[list(w), b] for w, b in entries])(
+                torch.tensor([committed + path]), scores[0, deep + j][None])
+            assert torch.equal(got[0, deep + j], want[0]), (j, committed, path)
+            checked += 1
+    assert checked > 30 and processors.table is not None
 
 
 def generate_ids(model, prompt, penalty=1.0, least=0, eos=None, **bans):
@@ -176,11 +211,13 @@ def test_greedy_with_bans_is_generate(model, knobs):
     min_new_tokens too), lookahead's tokens are generate's for window, lookup, suffix and lookup-only
     trees, one request at a time and in batches of 3; the knobs change the output."""
     eos = 3 if "min_new_tokens" in knobs else None
-    ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple, "begin_suppress_tokens": tuple}
+    ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple, "begin_suppress_tokens": tuple,
+           "sequence_bias": lambda v: tuple((tuple(w), b) for w, b in v)}
     gen = GenerationParams(NEW, **{k: ids.get(k, lambda v: v)(v) for k, v in knobs.items()})
     penalty, least = knobs.get("repetition_penalty", 1.0), knobs.get("min_new_tokens", 0)
     bans = {k: v for k, v in knobs.items()
-            if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens")}
+            if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+                     "sequence_bias")}
     want = [generate_ids(model, p, penalty, least, eos, **bans) for p in PROMPTS]
     assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
     multi = 0
@@ -221,6 +258,9 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
     draws, warp, seq = Draws(gen.seed, request), warpers(gen), list(prompt)
     for k in range(gen.max_new_tokens):
         scores = last_logits(model, seq)[None]
+        if gen.sequence_bias:
+            scores = SequenceBiasLogitsProcessor([[list(w), b] for w, b in gen.sequence_bias])(torch.tensor([seq]),
+                                                                                               scores)
         scores = RepetitionPenaltyLogitsProcessor(gen.repetition_penalty)(torch.tensor([seq]), scores)
         scores = MinNewTokensLengthLogitsProcessor(len(prompt), gen.min_new_tokens, eos)(torch.tensor([seq]), scores)
         if gen.no_repeat_ngram_size:
@@ -244,7 +284,8 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
     GenerationParams(NEW, temperature=0.3, repetition_penalty=1.8, min_new_tokens=6, seed=3),   # paths penalised
     # generate's other warpers together, after a suppressed token
     GenerationParams(NEW, temperature=1.2, top_h=0.95, min_p=0.02, typical_p=0.9, epsilon_cutoff=0.01,
-                     eta_cutoff=0.02, suppress_tokens=(5,), begin_suppress_tokens=tuple(range(8)), seed=4)])
+                     eta_cutoff=0.02, suppress_tokens=(5,), begin_suppress_tokens=tuple(range(8)), seed=4,
+                     sequence_bias=(((3,), 2.0), ((3, 4), -1.5), ((9, 9, 1), 3.0)))])
 def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
     """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed
     sampling loop's with the same draws, one request at a time and batched (device and host walks)."""

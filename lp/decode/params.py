@@ -120,6 +120,9 @@ class GenerationParams:
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     suppress_tokens: tuple[int, ...] = ()      # tokens never emitted (EOS ids included, as generate)
     begin_suppress_tokens: tuple[int, ...] = ()     # tokens the first new token never is (EOS ids included)
+    # (token ids, bias): the bias is added to the score of the last token where the input ends with the
+    # others (one token: always), before every other processor, as generate's sequence_bias
+    sequence_bias: tuple[tuple[tuple[int, ...], float], ...] = ()
     # requests a job decodes per forward (lp.engine.decode_batch; 1: one at a time); lookahead_generate
     # decodes one request and ignores it
     batch_size: int = 1
@@ -150,6 +153,7 @@ class GenerationParams:
         for key in ("suppress_tokens", "begin_suppress_tokens"):
             if any(t < 0 for t in getattr(self, key)):
                 out.append(f"generation.{key}: {list(getattr(self, key))!r} must be token ids >= 0")
+        out += _sequence_bias_problems(self.sequence_bias)
         if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
             out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "
                        f"lists of token ids >= 0")
@@ -168,6 +172,28 @@ WARPER_KEYS = ("temperature", "top_h", "top_k", "top_p", "min_p", "typical_p", "
 # the warper knobs that are a fraction, with the interval generate's warper takes (its default: off)
 UNIT_INTERVALS = {"top_h": "[0, 1]", "top_p": "[0, 1]", "min_p": "[0, 1]", "typical_p": "(0, 1]",
                   "epsilon_cutoff": "[0, 1)", "eta_cutoff": "[0, 1)"}
+
+
+def _sequence_bias_problems(entries) -> list[str]:
+    """Bad sequence_bias entries, and two multi-token ones that could complete at the same row on the same
+    token (one's prefix ends the other's): generate sums their biases in its own order, which lp does not
+    reproduce, so it refuses them."""
+    out, seen = [], {}
+    for ids, bias in entries:
+        if not ids or any(t < 0 for t in ids) or math.isnan(bias):
+            out.append(f"generation.sequence_bias: {[list(ids), bias]!r} must be non-empty token ids >= 0 and a "
+                       f"number")
+        elif tuple(ids) in seen:
+            out.append(f"generation.sequence_bias: {list(ids)!r} appears twice")
+        seen[tuple(ids)] = bias
+    multi = [ids for ids in seen if len(ids) > 1]
+    for i, a in enumerate(multi):
+        for b in multi[i + 1:]:
+            short, long = sorted((a, b), key=len)
+            if a[-1] == b[-1] and long[:-1][len(long) - len(short):] == short[:-1]:
+                out.append(f"generation.sequence_bias: {list(a)!r} and {list(b)!r} can complete on the same token "
+                           f"at once; lp adds one multi-token bias per token and row")
+    return out
 
 
 def _inside(value: float, interval: str) -> bool:

@@ -1,5 +1,5 @@
-"""generate's score processors that lookahead applies exactly: the repetition penalty, the
-min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids, suppress_tokens and
+"""generate's score processors that lookahead applies exactly: sequence_bias, the repetition
+penalty, the min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids, suppress_tokens and
 begin_suppress_tokens (`generation.*` of those names).
 
 Each changes a row's scores by what came before the row's prediction, so each verified row gets its
@@ -25,13 +25,17 @@ guesses from raw logits would rarely match a penalised output.
   request's n-grams (`RowBans`) and lists every verified row's banned tokens; they travel in the
   round's upload and become -inf. A one-token bad word (other than an EOS id, which generate leaves
   out) is -inf in every verified row.
+- **sequence_bias** (SequenceBiasLogitsProcessor, first of all): a one-token entry's bias is added to
+  that token's score in every verified row; a longer entry's to its last token's score in a row whose
+  input ends with its other tokens (RowBans lists those cells, as the bans). Two entries that could
+  complete on one token at once are refused (GenerationParams), so a cell gets at most one.
 - **suppress_tokens** (SuppressTokensLogitsProcessor): those tokens, EOS ids included, are -inf in
   every verified row, as one-token bad words. **begin_suppress_tokens**
   (SuppressTokensAtBeginLogitsProcessor): -inf in the row that predicts a request's first new
   token, z*'s row of its first round.
 
-Scores are processed in float32 as generate processes them, in its order: the penalty, then the
-bans and the hold-back (each -inf, which the penalty keeps), then the sampling warpers. float64
+Scores are processed in float32 as generate processes them, in its order: the biases, the penalty,
+then the bans and the hold-back (each -inf, which the penalty keeps), then the sampling warpers. float64
 logits stay float64, where generate casts them to float32 first: as for lp's plain argmax, the two
 differ only at a near-tie below float32's resolution.
 
@@ -61,20 +65,37 @@ class SeenPrompt(NamedTuple):
     penalty_start: int = 0
 
 
+class RowInput(NamedTuple):
+    """What a verified row's input asks of its scores: the tokens it bans (`banned`), and the multi-token
+    sequence_bias entries its input completes (`biased`: (last token, entry index in
+    multi_token_biases))."""
+    banned: set[int]
+    biased: list[tuple[int, int]]
+
+
+def multi_token_biases(generation: GenerationParams) -> list[tuple[tuple[int, ...], float]]:
+    """generation.sequence_bias's entries of two tokens or more, in order: (token ids, bias)."""
+    return [(ids, bias) for ids, bias in generation.sequence_bias if len(ids) > 1]
+
+
 class RowBans:
-    """no_repeat_ngram_size and multi-token bad_words_ids for one request, on the host: the n-grams of
-    its input so far (`seen`: the prompt as the processors see it, then the output) and, for a round's
-    tree, the tokens each verified row may not emit."""
+    """no_repeat_ngram_size, multi-token bad_words_ids and multi-token sequence_bias for one request, on
+    the host: the n-grams of its input so far (`seen`: the prompt as the processors see it, then the
+    output) and, for a round's tree, what each verified row's input bans or biases."""
 
     @staticmethod
     def wanted(generation: GenerationParams) -> bool:
-        """Whether `generation` bans anything that depends on a row's input (one-token words do not)."""
-        return generation.no_repeat_ngram_size > 0 or any(len(w) > 1 for w in generation.bad_words_ids)
+        """Whether `generation` bans or biases anything that depends on a row's input (one-token words
+        and biases do not)."""
+        return (generation.no_repeat_ngram_size > 0 or any(len(w) > 1 for w in generation.bad_words_ids)
+                or bool(multi_token_biases(generation)))
 
     def __init__(self, generation: GenerationParams, seen: Sequence[int]):
         self.n = generation.no_repeat_ngram_size
         self.words = [(tuple(w[:-1]), w[-1]) for w in generation.bad_words_ids if len(w) > 1]
-        self.keep = max([self.n - 1 if self.n else 0] + [len(prefix) for prefix, _ in self.words])  # tail length
+        self.biases = [(tuple(ids[:-1]), ids[-1]) for ids, _ in multi_token_biases(generation)]
+        self.keep = max([self.n - 1 if self.n else 0]
+                        + [len(prefix) for prefix, _ in self.words + self.biases])  # tail length
         self.seq: list[int] = []
         self.grams: dict[tuple[int, ...], set[int]] = {}     # (n - 1)-token prefix -> tokens that followed it
         self.extend(seen)
@@ -85,9 +106,10 @@ class RowBans:
             if self.n and len(self.seq) >= self.n:
                 self.grams.setdefault(tuple(self.seq[len(self.seq) - self.n:-1]), set()).add(self.seq[-1])
 
-    def _banned(self, tail: tuple[int, ...], length: int, path: dict[tuple[int, ...], set[int]]) -> set[int]:
-        """A row's bans: its input is `length` tokens ending with `tail`; `path` holds the n-grams that
-        end on the row's path."""
+    def _row(self, tail: tuple[int, ...], length: int, path: dict[tuple[int, ...], set[int]]) -> RowInput:
+        """A row's bans and biases: its input is `length` tokens ending with `tail`; `path` holds the
+        n-grams that end on the row's path. A word or biased sequence counts once its prefix fits the
+        input (transformers 5.24 on; 5.17 asked the whole sequence to fit)."""
         out: set[int] = set()
         if self.n and length + 1 >= self.n:
             key = tail[len(tail) - self.n + 1:] if self.n > 1 else ()
@@ -95,14 +117,16 @@ class RowBans:
         for prefix, last in self.words:
             if length >= len(prefix) and tail[len(tail) - len(prefix):] == prefix:
                 out.add(last)
-        return out
+        biased = [(last, i) for i, (prefix, last) in enumerate(self.biases)
+                  if length >= len(prefix) and tail[len(tail) - len(prefix):] == prefix]
+        return RowInput(out, biased)
 
-    def rows(self, tree: TokenTree, nodes: range) -> list[set[int]]:
-        """The banned tokens of z*'s row, then of each of `nodes` (a preorder range of `tree`: whole root
-        subtrees, so every node's parent comes before it or is the root)."""
+    def rows(self, tree: TokenTree, nodes: range) -> list[RowInput]:
+        """The bans and biases of z*'s row, then of each of `nodes` (a preorder range of `tree`: whole
+        root subtrees, so every node's parent comes before it or is the root)."""
         length, keep = len(self.seq), self.keep
         root_tail = tuple(self.seq[max(0, length - keep):]) if keep else ()
-        out = [self._banned(root_tail, length, {})]
+        out = [self._row(root_tail, length, {})]
         tails: dict[int, tuple[int, ...]] = {}
         paths: dict[int, dict[tuple[int, ...], set[int]]] = {}
         for u in nodes:
@@ -114,7 +138,7 @@ class RowBans:
                 grams = {**grams, key: grams.get(key, set()) | {token}}
             tails[u] = (before + (token,))[max(0, len(before) + 1 - keep):] if keep else ()
             paths[u] = grams
-            out.append(self._banned(tails[u], length + depth, grams))
+            out.append(self._row(tails[u], length + depth, grams))
         return out
 
 
@@ -126,7 +150,8 @@ def penalize(scores: torch.Tensor, penalty: float) -> torch.Tensor:
 def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok: torch.Tensor,
                  ancestors: torch.Tensor, hold: torch.Tensor | None, eos: torch.Tensor | None,
                  penalty: float, bans: torch.Tensor | None = None, words: torch.Tensor | None = None,
-                 opening: torch.Tensor | None = None) -> torch.Tensor:
+                 opening: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 biased: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The processed scores of a round's frame, [n, D + 1 + N, V]: `frame` holds the window's `deep`
     (D) deepest cells, z*'s row, then the node frame's N rows; `seen` [n, V + 1] bool the tokens each
     request's input held before the round (None: no penalty); `tok` [n, N] the node frame's tokens
@@ -134,9 +159,19 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
     [n, 1 + N] bool the verified rows (z*'s, the nodes') whose `eos` ([V] bool) scores are held at
     -inf (None: none); `bans` flat indices into the frame of banned (row, token) cells; `words` [V]
     bool the tokens banned in every verified row; `opening` [n, V] bool the tokens banned in z*'s row
-    (a request's first new token: begin_suppress_tokens). The window's cells get the penalty of `seen`
-    alone, and nothing else."""
+    (a request's first new token: begin_suppress_tokens); `bias` [V] float32 sequence_bias's one-token
+    biases, added first to every verified row, and `biased` (flat cells, their biases) the cells whose
+    row completes a multi-token sequence_bias entry, whose bias (plus the one-token bias of its token,
+    summed in the scores' dtype as generate's processor sums them) is added instead. The window's cells get the penalty of
+    `seen` alone, and nothing else."""
     scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
+    if bias is not None:
+        lifted = scores.clone(memory_format=torch.contiguous_format)
+        raw = lifted.view(-1)[biased[0]] if biased is not None else None
+        lifted[:, deep:] += bias
+        if biased is not None:
+            lifted.view(-1)[biased[0]] = raw + biased[1]
+        scores = lifted
     out = scores
     if seen is not None:
         v = scores.shape[-1]
@@ -187,12 +222,21 @@ class Processors:
         self.begin_ids = sorted(set(generation.begin_suppress_tokens))    # at a request's first new token
         self.eos = self.words = self.begin = None    # [V] bool masks, made at the first round that needs them
         self.empty = None               # [V + 1] bool zeros: a request's presence before its first round
+        # sequence_bias: the one-token biases and the multi-token entries' (last token, bias), float32 as
+        # generate keeps them; on the device at the first round: the one-token biases [V] and each entry's
+        # bias plus its last token's one-token bias, summed in the scores' dtype as generate sums them
+        past = sorted({t for ids, _ in generation.sequence_bias for t in ids if t >= vocab})
+        if past:
+            raise ValueError(f"generation.sequence_bias: tokens {past} are past the model's {vocab} logits")
+        self.single = {ids[0]: bias for ids, bias in generation.sequence_bias if len(ids) == 1}
+        self.multi = [(ids[-1], bias) for ids, bias in multi_token_biases(generation)]
+        self.bias = self.table = None
 
     @staticmethod
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
         return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
                 or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens)
-                or bool(generation.begin_suppress_tokens))
+                or bool(generation.begin_suppress_tokens) or bool(generation.sequence_bias))
 
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
                  nodes: int) -> dict[str, list[int]]:
@@ -201,7 +245,8 @@ class Processors:
         node frame's; none once every request has min_new_tokens), whether its z* row predicts its
         first new token ("first", with begin_suppress_tokens; none once no request does), and the
         frame cells (flat indices, the frame being [n, deep + 1 + nodes, V]) its n-grams and bad words
-        ban ("bans")."""
+        ban ("bans") and those its multi-token sequence_bias entries complete ("biased": the cells,
+        then each one's entry)."""
         out: dict[str, list[int]] = {}
         if self.penalty != 1.0:
             width = max(1, *(len(s.unseen) for s in states))
@@ -214,14 +259,18 @@ class Processors:
                 out["hold"] += [0] * (nodes - len(plan.nodes))
         if self.begin_ids and any(s.generated == 0 for s in states):
             out["first"] = [int(s.generated == 0) for s in states]
-        bans, v, size = [], self.vocab, deep + 1 + nodes
+        bans, cells, entries, v, size = [], [], [], self.vocab, deep + 1 + nodes
         for b, (state, plan) in enumerate(zip(states, plans)):
             if state.bans is not None:
-                for j, banned in enumerate(state.bans.rows(plan.tree, plan.nodes)):
+                for j, row in enumerate(state.bans.rows(plan.tree, plan.nodes)):
                     base = (b * size + deep + j) * v
-                    bans += [base + t for t in banned if 0 <= t < v]
+                    bans += [base + t for t in row.banned if 0 <= t < v]
+                    cells += [base + t for t, _ in row.biased]
+                    entries += [i for _, i in row.biased]
         if bans:
             out["bans"] = bans
+        if cells:
+            out["biased"] = cells + entries
         return out
 
     def apply(self, frame: torch.Tensor, deep: int, states: Sequence[RequestState], dev: dict[str, torch.Tensor],
@@ -249,8 +298,26 @@ class Processors:
         if "first" in dev:
             self.begin = self.begin if self.begin is not None else self._mask(self.begin_ids)
             opening = dev["first"].view(n, 1).bool() & self.begin
+        biased = None
+        if (self.single or self.multi) and self.bias is None:
+            self.bias = self._values(self.single.items(), v)
+            lasts = self._values(enumerate(t for t, _ in self.multi), len(self.multi), torch.long)
+            entries = self._values(enumerate(b for _, b in self.multi), len(self.multi))
+            dtype = frame.dtype if frame.dtype == torch.float64 else torch.float32
+            self.table = self.bias[lasts].to(dtype) + entries.to(dtype)
+        if "biased" in dev:
+            cells, entries = dev["biased"].view(2, -1)
+            biased = (cells, self.table[entries])
         return process_rows(frame, deep, seen, tok, ancestors, hold, self.eos, self.penalty, dev.get("bans"),
-                            self.words, opening)
+                            self.words, opening, self.bias, biased)
+
+    def _values(self, items, size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[size] zeros with `items`' (index, value) filled in on the device, one fill each, once."""
+        out = torch.zeros(size, dtype=dtype, device=self.device)
+        for i, value in items:
+            if 0 <= i < size:
+                out[i] = value
+        return out
 
     def _mask(self, ids: Sequence[int]) -> torch.Tensor:
         """[V] bool, True at `ids`: filled id by id on the device (a few fills once, no copy from the host)."""

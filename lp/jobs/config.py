@@ -468,6 +468,12 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     if origin is tuple and args and args[0] is int:       # token ids
         ok = isinstance(value, (list, tuple)) and all(_check_type(t, int)[0] for t in value)
         return ok, tuple(value) if ok else value, "a list of token ids"
+    if origin is tuple and args and typing.get_args(args[0])[-1:] == (float,):       # (token ids, bias) pairs
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], (list, tuple))
+            and all(_check_type(t, int)[0] for t in e[0]) and _check_type(e[1], float)[0] for e in value)
+        return ok, tuple((tuple(e[0]), float(e[1])) for e in value) if ok else value, \
+            "a list of [token ids, bias] pairs"
     if origin is tuple and args and typing.get_origin(args[0]) is tuple:      # token id sequences
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(w, (list, tuple)) and all(_check_type(t, int)[0] for t in w) for w in value)
