@@ -10,7 +10,7 @@ Greedy is argmax: while `generate` runs, the model's own generation config
 (which may carry e.g. a repetition penalty or sampling defaults from the Hub)
 is swapped for one holding only the special token ids and the job's own
 processors (`repetition_penalty`, `min_new_tokens`, `no_repeat_ngram_size`,
-`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`), so the reference is the decoding that
+`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`), so the reference is the decoding that
 lookahead is exact to. When the generation parameters ask for sampling
 (`temperature` > 0), generate samples with the same warpers (temperature,
 top_h, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff), seeded
@@ -83,6 +83,7 @@ def autoregressive_generate(
                               suppress_tokens=list(generation.suppress_tokens) or None,
                               begin_suppress_tokens=list(generation.begin_suppress_tokens) or None,
                               sequence_bias=[[list(ids), bias] for ids, bias in generation.sequence_bias] or None,
+                              forced_eos_token_id=list(generation.forced_eos_token_id) or None,
                               **sampling)
     x = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     start = time.perf_counter()

@@ -8,7 +8,7 @@ generation config (the model's own `generation_config` merged with the call's ar
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
 `do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
 `eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
-`begin_suppress_tokens`, `sequence_bias`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
+`begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`),
@@ -48,6 +48,7 @@ import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    ForcedEOSTokenLogitsProcessor,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
@@ -90,7 +91,7 @@ _WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperatu
 _APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor,
             NoBadWordsLogitsProcessor,
             SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, MinLengthLogitsProcessor,
-            MinNewTokensLengthLogitsProcessor)
+            MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -208,6 +209,12 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{input_ids.shape[1]} tokens)")
+    if "forced_eos_token_id" in processing:      # (ids, the max_length it forces them at)
+        processing["forced_eos_token_id"], length = processing["forced_eos_token_id"]
+        if length != input_ids.shape[1] + new:
+            raise ValueError(f"lp.lookahead forces forced_eos_token_id as the last new token (max_length "
+                             f"{input_ids.shape[1] + new}); ForcedEOSTokenLogitsProcessor forces it at max_length "
+                             f"{length}")
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     seed = int(torch.randint(0, 2**62, (1,)).item()) if processing.get("temperature", 0) > 0 else 0
     sizes, problems = check_types("lookahead", GenerationParams, {"batch_size": batch_size})
@@ -244,7 +251,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
              suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (),
-             sequence_bias: Mapping | Sequence = (), seed: int = 0, streamer=None, batch_size: int = 1,
+             sequence_bias: Mapping | Sequence = (), forced_eos_token_id: int | Sequence[int] = (), seed: int = 0,
+             streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
@@ -271,7 +279,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
                  suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
-                 sequence_bias=bias_entries(sequence_bias or ()), batch_size=batch_size)
+                 sequence_bias=bias_entries(sequence_bias or ()), forced_eos_token_id=_ids(forced_eos_token_id),
+                 batch_size=batch_size)
     defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
     given = {k: defaults[k].default if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
@@ -418,7 +427,7 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         if kind is None:
             raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
                              f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, "
-                             f"(begin_)suppress_tokens, sequence_bias, "
+                             f"(begin_)suppress_tokens, sequence_bias, forced_eos_token_id, "
                              f"min_length / min_new_tokens, and samples with "
                              f"{', '.join(key for key, _ in _WARPERS.values())}")
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
@@ -451,6 +460,8 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
         return "sequence_bias", bias_entries(p.sequence_bias)
     if isinstance(p, SuppressTokensLogitsProcessor):
         return "suppress_tokens", tuple(int(t) for t in p.suppress_tokens.tolist())
+    if isinstance(p, ForcedEOSTokenLogitsProcessor):
+        return "forced_eos_token_id", (tuple(int(t) for t in p.eos_token_id.flatten().tolist()), int(p.max_length))
     if isinstance(p, SuppressTokensAtBeginLogitsProcessor):     # (one that begins inside the input: _no_op)
         if p.begin_index != shape[1]:
             raise ValueError(f"lp.lookahead suppresses begin_suppress_tokens at the first new token; {_named(p)} "

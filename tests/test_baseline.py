@@ -78,7 +78,8 @@ def test_processors_reach_generate(loaded):
     free, _ = both(loaded, "abc abc abc", GenerationParams(20), [])
     gen = GenerationParams(20, suppress_tokens=tuple(free.token_ids[:2]), no_repeat_ngram_size=2,
                            bad_words_ids=((free.token_ids[3], free.token_ids[4]),), repetition_penalty=1.3,
-                           sequence_bias=(((free.token_ids[5],), -2.0), ((free.token_ids[5], free.token_ids[6]), 3.0)))
+                           sequence_bias=(((free.token_ids[5],), -2.0), ((free.token_ids[5], free.token_ids[6]), 3.0)),
+                           forced_eos_token_id=(free.token_ids[7],))
     la, ar = both(loaded, "abc abc abc", gen, [])
     assert ar.token_ids == la.token_ids != free.token_ids
     sampled = GenerationParams(12, temperature=0.9, top_h=0.9, top_k=20, top_p=0.95, min_p=0.01, typical_p=0.9,

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
 from transformers.generation.logits_process import (
+    ForcedEOSTokenLogitsProcessor,
     EtaLogitsWarper,
     MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
@@ -114,6 +115,8 @@ class Never(StoppingCriteria):
     (dict(repetition_penalty=1.2, logits_processor=LogitsProcessorList([SequenceBiasLogitsProcessor({(3,): 1.0})])),
      r"adds sequence_bias first, as generate orders its own processors; it cannot add SequenceBiasLogitsProcessor"),
     (dict(sequence_bias={(1, 2, 3): 1.0, (2, 3): 2.0}), r"\[1, 2, 3\] and \[2, 3\] can complete on the same token"),
+    (dict(logits_processor=LogitsProcessorList([ForcedEOSTokenLogitsProcessor(99, [3])])),
+     r"ForcedEOSTokenLogitsProcessor forces it at max_length 99"),
     (dict(logits_processor=LogitsProcessorList([SuppressTokensAtBeginLogitsProcessor([3], 99)])),
      r"begins at input length 99, not 12"),
     (dict(logits_processor=LogitsProcessorList([TypicalLogitsWarper(0.5)])), r"can drop the most likely token"),
@@ -143,6 +146,7 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
     dict(no_repeat_ngram_size=3, bad_words_ids=[[14, 14], [50]], repetition_penalty=1.1),
     dict(suppress_tokens=[14, 30, 50], min_new_tokens=2), dict(begin_suppress_tokens=list(range(32))),
     dict(sequence_bias={(14,): -3.0, (43,): 2.5, (14, 43): 4.0, (23, 23, 35): 5.0}, repetition_penalty=1.1),
+    dict(forced_eos_token_id=[5, 9], no_repeat_ngram_size=2),
     dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=12)]))])
 def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
     """repetition_penalty, min_new_tokens and min_length (counted from the padded length, as generate
@@ -311,7 +315,8 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
 def test_generate_applies_generates_processors(model):
     """lp.generate's processor knobs are generate's: the same ids in float64, and they change them."""
     knobs = dict(suppress_tokens=[14, 30], no_repeat_ngram_size=2, bad_words_ids=[[9, 12]], repetition_penalty=1.2,
-                 begin_suppress_tokens=list(range(32, 64)), sequence_bias=[[[28], -2.0], [[28, 28], 3.0]])
+                 begin_suppress_tokens=list(range(32, 64)), sequence_bias=[[[28], -2.0], [[28, 28], 3.0]],
+                 forced_eos_token_id=7)
     want = [plain(model, torch.tensor([p]), max_new_tokens=20, **knobs)[0, len(p):].tolist() for p in PROMPTS]
     assert want != [plain(model, torch.tensor([p]), max_new_tokens=20)[0, len(p):].tolist() for p in PROMPTS]
     assert [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=20, **knobs, **TREE)] == want

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 from transformers.generation.logits_process import (
+    ForcedEOSTokenLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
@@ -38,7 +39,8 @@ BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_wor
         dict(begin_suppress_tokens=list(range(0, 16, 2)), suppress_tokens=[7]),     # the first token: odd
         # biases, one-token and completed by a row's input, some on the same token, before a penalty
         dict(sequence_bias=[[[7, 7], 3.0], [[4], -2.0], [[11, 3, 3], 2.5], [[9], 1.5], [[1, 9], -4.0], [[2], 0.7]],
-             repetition_penalty=1.2)]
+             repetition_penalty=1.2),
+        dict(forced_eos_token_id=[3, 9], no_repeat_ngram_size=2, min_new_tokens=1)]   # the last token forced
 
 
 @pytest.fixture(scope="module")
@@ -214,12 +216,13 @@ def test_greedy_with_bans_is_generate(model, knobs):
     trees, one request at a time and in batches of 3; the knobs change the output."""
     eos = 3 if "min_new_tokens" in knobs else None
     ids = {"bad_words_ids": lambda v: tuple(map(tuple, v)), "suppress_tokens": tuple, "begin_suppress_tokens": tuple,
+           "forced_eos_token_id": tuple,
            "sequence_bias": lambda v: tuple((tuple(w), b) for w, b in v)}
     gen = GenerationParams(NEW, **{k: ids.get(k, lambda v: v)(v) for k, v in knobs.items()})
     penalty, least = knobs.get("repetition_penalty", 1.0), knobs.get("min_new_tokens", 0)
     bans = {k: v for k, v in knobs.items()
             if k in ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
-                     "sequence_bias")}
+                     "sequence_bias", "forced_eos_token_id")}
     want = [generate_ids(model, p, penalty, least, eos, **bans) for p in PROMPTS]
     assert want != [generate_ids(model, p, eos=eos) for p in PROMPTS]
     multi = 0
@@ -269,6 +272,9 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
             scores = NoRepeatNGramLogitsProcessor(gen.no_repeat_ngram_size)(torch.tensor([seq]), scores)
         if gen.bad_words_ids:
             scores = NoBadWordsLogitsProcessor([list(w) for w in gen.bad_words_ids], eos)(torch.tensor([seq]), scores)
+        if gen.forced_eos_token_id:
+            scores = ForcedEOSTokenLogitsProcessor(len(prompt) + gen.max_new_tokens, list(gen.forced_eos_token_id))(
+                torch.tensor([seq]), scores)
         if gen.suppress_tokens:
             scores = SuppressTokensLogitsProcessor(list(gen.suppress_tokens))(torch.tensor([seq]), scores)
         if gen.begin_suppress_tokens:
@@ -287,7 +293,7 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
     # generate's other warpers together, after a suppressed token
     GenerationParams(NEW, temperature=1.2, top_h=0.95, min_p=0.02, typical_p=0.9, epsilon_cutoff=0.01,
                      eta_cutoff=0.02, suppress_tokens=(5,), begin_suppress_tokens=tuple(range(8)), seed=4,
-                     sequence_bias=(((3,), 2.0), ((3, 4), -1.5), ((9, 9, 1), 3.0)))])
+                     sequence_bias=(((3,), 2.0), ((3, 4), -1.5), ((9, 9, 1), 3.0)), forced_eos_token_id=(7, 11))])
 def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
     """float64: sampled with a penalty and min_new_tokens, every request's tokens are a plain processed
     sampling loop's with the same draws, one request at a time and batched (device and host walks)."""

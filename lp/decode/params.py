@@ -120,6 +120,7 @@ class GenerationParams:
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     suppress_tokens: tuple[int, ...] = ()      # tokens never emitted (EOS ids included, as generate)
     begin_suppress_tokens: tuple[int, ...] = ()     # tokens the first new token never is (EOS ids included)
+    forced_eos_token_id: tuple[int, ...] = ()   # the last new token (the max_new_tokens-th) is one of these
     # (token ids, bias): the bias is added to the score of the last token where the input ends with the
     # others (one token: always), before every other processor, as generate's sequence_bias
     sequence_bias: tuple[tuple[tuple[int, ...], float], ...] = ()
@@ -150,9 +151,12 @@ class GenerationParams:
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             out.append(f"generation.repetition_penalty: {self.repetition_penalty!r} must be a finite number > 0 "
                        f"(1 is off)")
-        for key in ("suppress_tokens", "begin_suppress_tokens"):
+        for key in ("suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id"):
             if any(t < 0 for t in getattr(self, key)):
                 out.append(f"generation.{key}: {list(getattr(self, key))!r} must be token ids >= 0")
+        if self.forced_eos_token_id and set(self.forced_eos_token_id) <= set(self.suppress_tokens):
+            out.append(f"generation.forced_eos_token_id: {list(self.forced_eos_token_id)!r} are all in "
+                       f"suppress_tokens: the last token would have no score left (as generate refuses)")
         out += _sequence_bias_problems(self.sequence_bias)
         if any(not w or any(t < 0 for t in w) for w in self.bad_words_ids):
             out.append(f"generation.bad_words_ids: {[list(w) for w in self.bad_words_ids]!r} must be non-empty "

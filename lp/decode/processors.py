@@ -29,6 +29,9 @@ guesses from raw logits would rarely match a penalised output.
   that token's score in every verified row; a longer entry's to its last token's score in a row whose
   input ends with its other tokens (RowBans lists those cells, as the bans). Two entries that could
   complete on one token at once are refused (GenerationParams), so a cell gets at most one.
+- **forced_eos_token_id** (ForcedEOSTokenLogitsProcessor): the row that predicts the last new token
+  (the max_new_tokens-th) scores those ids 0 and every other token -inf, after the bans and the
+  hold-back (which it overwrites) and before the suppressed tokens (which it does not).
 - **suppress_tokens** (SuppressTokensLogitsProcessor): those tokens, EOS ids included, are -inf in
   every verified row, as one-token bad words. **begin_suppress_tokens**
   (SuppressTokensAtBeginLogitsProcessor): -inf in the row that predicts a request's first new
@@ -151,7 +154,8 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
                  ancestors: torch.Tensor, hold: torch.Tensor | None, eos: torch.Tensor | None,
                  penalty: float, bans: torch.Tensor | None = None, words: torch.Tensor | None = None,
                  opening: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                 biased: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 biased: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 forced: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The processed scores of a round's frame, [n, D + 1 + N, V]: `frame` holds the window's `deep`
     (D) deepest cells, z*'s row, then the node frame's N rows; `seen` [n, V + 1] bool the tokens each
     request's input held before the round (None: no penalty); `tok` [n, N] the node frame's tokens
@@ -162,8 +166,9 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
     (a request's first new token: begin_suppress_tokens); `bias` [V] float32 sequence_bias's one-token
     biases, added first to every verified row, and `biased` (flat cells, their biases) the cells whose
     row completes a multi-token sequence_bias entry, whose bias (plus the one-token bias of its token,
-    summed in the scores' dtype as generate's processor sums them) is added instead. The window's cells get the penalty of
-    `seen` alone, and nothing else."""
+    summed in the scores' dtype as generate's processor sums them) is added instead; `forced` ([n, 1 + N]
+    bool the verified rows that predict the last new token, [V] their scores: 0 at the forced EOS ids,
+    -inf elsewhere). The window's cells get the penalty of `seen` alone, and nothing else."""
     scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
     if bias is not None:
         lifted = scores.clone(memory_format=torch.contiguous_format)
@@ -191,18 +196,20 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
             first = deep + 1
             rows = torch.where(held, hit[:, first:].gather(2, index), scores[:, first:].gather(2, index))
             out[:, first:].scatter_(2, index, rows)
-    if hold is None and bans is None and words is None and opening is None:
+    if hold is None and bans is None and words is None and opening is None and forced is None:
         return out
     if out is frame or not out.is_contiguous():        # never write the model's logits
         out = out.contiguous() if out is not frame else out.clone(memory_format=torch.contiguous_format)
     if hold is not None:
         out[:, deep:].masked_fill_(hold[:, :, None] & eos, float("-inf"))
+    if bans is not None:
+        out.view(-1).index_fill_(0, bans, float("-inf"))
+    if forced is not None:       # after the bans and the hold-back, which it overwrites
+        out[:, deep:] = torch.where(forced[0][:, :, None], forced[1].to(out.dtype), out[:, deep:])
     if words is not None:
         out[:, deep:].masked_fill_(words, float("-inf"))
     if opening is not None:
         out[:, deep].masked_fill_(opening, float("-inf"))
-    if bans is not None:
-        out.view(-1).index_fill_(0, bans, float("-inf"))
     return out
 
 
@@ -220,6 +227,9 @@ class Processors:
         self.word_ids = sorted(({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
                                | set(generation.suppress_tokens))
         self.begin_ids = sorted(set(generation.begin_suppress_tokens))    # at a request's first new token
+        self.forced_ids = sorted(set(generation.forced_eos_token_id))     # at its last new token
+        self.last = generation.max_new_tokens - 1
+        self.forced = None              # [V]: 0 at the forced ids, -inf elsewhere
         self.eos = self.words = self.begin = None    # [V] bool masks, made at the first round that needs them
         self.empty = None               # [V + 1] bool zeros: a request's presence before its first round
         # sequence_bias: the one-token biases and the multi-token entries' (last token, bias), float32 as
@@ -236,7 +246,8 @@ class Processors:
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
         return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
                 or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens)
-                or bool(generation.begin_suppress_tokens) or bool(generation.sequence_bias))
+                or bool(generation.begin_suppress_tokens) or bool(generation.sequence_bias)
+                or bool(generation.forced_eos_token_id))
 
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
                  nodes: int) -> dict[str, list[int]]:
@@ -259,6 +270,14 @@ class Processors:
                 out["hold"] += [0] * (nodes - len(plan.nodes))
         if self.begin_ids and any(s.generated == 0 for s in states):
             out["first"] = [int(s.generated == 0) for s in states]
+        if self.forced_ids:     # the rows predicting the last new token ("last", laid out as "hold")
+            last = []
+            for state, plan in zip(states, plans):
+                k, depths = state.generated, plan.tree.depths
+                last += [int(k + d == self.last) for d in [0, *(depths[u] for u in plan.nodes)]]
+                last += [0] * (nodes - len(plan.nodes))
+            if any(last):
+                out["last"] = last
         bans, cells, entries, v, size = [], [], [], self.vocab, deep + 1 + nodes
         for b, (state, plan) in enumerate(zip(states, plans)):
             if state.bans is not None:
@@ -308,8 +327,14 @@ class Processors:
         if "biased" in dev:
             cells, entries = dev["biased"].view(2, -1)
             biased = (cells, self.table[entries])
+        forced = None
+        if "last" in dev:
+            if self.forced is None:
+                self.forced = torch.full((v,), float("-inf"), device=self.device).masked_fill_(
+                    self._mask(self.forced_ids), 0.0)
+            forced = (dev["last"].view(n, -1).bool(), self.forced)
         return process_rows(frame, deep, seen, tok, ancestors, hold, self.eos, self.penalty, dev.get("bans"),
-                            self.words, opening, self.bias, biased)
+                            self.words, opening, self.bias, biased, forced)
 
     def _values(self, items, size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[size] zeros with `items`' (index, value) filled in on the device, one fill each, once."""
