@@ -10,8 +10,9 @@ Greedy is argmax: while `generate` runs, the model's own generation config
 (which may carry e.g. a repetition penalty or sampling defaults from the Hub)
 is swapped for one holding only the special token ids and the job's own
 processors (`repetition_penalty`, `min_new_tokens`, `no_repeat_ngram_size`,
-`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`), so the reference is the decoding that
-lookahead is exact to. When the generation parameters ask for sampling
+`bad_words_ids`, `suppress_tokens`, `begin_suppress_tokens`, `sequence_bias`,
+`forced_eos_token_id`), so the reference is the decoding that lookahead is
+exact to. When the generation parameters ask for sampling
 (`temperature` > 0), generate samples with the same warpers (temperature,
 top_h, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff), seeded
 from (seed, request); its draws are not lookahead's, so sampled

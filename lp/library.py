@@ -8,7 +8,8 @@ generation config (the model's own `generation_config` merged with the call's ar
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
 `do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
 `eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
-`begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`, `min_new_tokens` / `min_length`, `return_dict_in_generate` (`sequences` only) and a
+`begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`, `min_new_tokens` / `min_length`,
+`return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`),
@@ -89,9 +90,8 @@ _WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperatu
             EtaLogitsWarper: ("eta_cutoff", lambda p: float(p.epsilon))}     # a float32 tensor: its value exactly
 # generate's processors lp applies (lp/decode/processors.py), before any cutting warper
 _APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor,
-            NoBadWordsLogitsProcessor,
-            SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, MinLengthLogitsProcessor,
-            MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
+            NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
+            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
@@ -393,9 +393,9 @@ def _no_op(processor, length: int) -> bool:
 def _processing(processors, do_sample: bool, shape: tuple[int, int],
                 eos: list[int]) -> tuple[dict, list[int] | None]:
     """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
-    row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the repetition
-    penalty, no_repeat_ngram_size, bad_words_ids, suppress_tokens and min_length / min_new_tokens (on the
-    config's eos ids) before any cutting warper, then generate's warpers (_WARPERS), each at most once, in
+    row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the processors lp
+    applies (_APPLIED; a length processor on the config's eos ids, a sequence bias first) before any
+    cutting warper, then generate's warpers (_WARPERS), each at most once, in
     its order, with the default filter value and min_tokens_to_keep 1. Under greedy decoding a warper
     that keeps the most likely token is skipped (it cannot move the argmax). Refuses any other
     processor, and warpers or processors lp would not apply as given. `shape`: the input_ids' [batch,
@@ -459,14 +459,14 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
     if _biases(p):
         return "sequence_bias", bias_entries(p.sequence_bias)
     if isinstance(p, SuppressTokensLogitsProcessor):
-        return "suppress_tokens", tuple(int(t) for t in p.suppress_tokens.tolist())
+        return "suppress_tokens", tuple(_ids(p.suppress_tokens))
     if isinstance(p, ForcedEOSTokenLogitsProcessor):
-        return "forced_eos_token_id", (tuple(int(t) for t in p.eos_token_id.flatten().tolist()), int(p.max_length))
+        return "forced_eos_token_id", (tuple(_ids(p.eos_token_id)), int(p.max_length))
     if isinstance(p, SuppressTokensAtBeginLogitsProcessor):     # (one that begins inside the input: _no_op)
         if p.begin_index != shape[1]:
             raise ValueError(f"lp.lookahead suppresses begin_suppress_tokens at the first new token; {_named(p)} "
                              f"begins at input length {p.begin_index}, not {shape[1]}")
-        return "begin_suppress_tokens", tuple(int(t) for t in p.begin_suppress_tokens.tolist())
+        return "begin_suppress_tokens", tuple(_ids(p.begin_suppress_tokens))
     if sorted(_ids(p.eos_token_id)) != sorted(eos):
         raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
                          f"holds back {_ids(p.eos_token_id)}")

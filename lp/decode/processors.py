@@ -1,6 +1,6 @@
 """generate's score processors that lookahead applies exactly: sequence_bias, the repetition
-penalty, the min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids, suppress_tokens and
-begin_suppress_tokens (`generation.*` of those names).
+penalty, the min-new-tokens EOS hold-back, no_repeat_ngram_size, bad_words_ids, forced_eos_token_id,
+suppress_tokens and begin_suppress_tokens (`generation.*` of those names).
 
 Each changes a row's scores by what came before the row's prediction, so each verified row gets its
 own: z*'s row predicts the request's k-th new token (k committed so far) from the prompt and the
@@ -213,6 +213,16 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
     return out
 
 
+def _row_positions(states: Sequence[RequestState], plans: Sequence[RoundPlan], nodes: int) -> list[int]:
+    """The new-token index each verified row predicts, request by request: z*'s row (k, the tokens
+    committed so far), then each node of the frame at depth d (k + d), its padding -1."""
+    out: list[int] = []
+    for state, plan in zip(states, plans):
+        k, depths = state.generated, plan.tree.depths
+        out += [k, *(k + depths[u] for u in plan.nodes)] + [-1] * (nodes - len(plan.nodes))
+    return out
+
+
 class Processors:
     """generate's processors for a decode: what a round uploads for them and their work on its frame.
     Each request keeps its tokens not yet on the device (`RequestState.unseen`), its device presence
@@ -245,9 +255,9 @@ class Processors:
     @staticmethod
     def wanted(generation: GenerationParams, eos_token_ids: Sequence[int]) -> bool:
         return (generation.repetition_penalty != 1.0 or (generation.min_new_tokens > 0 and bool(eos_token_ids))
-                or RowBans.wanted(generation) or bool(generation.bad_words_ids) or bool(generation.suppress_tokens)
-                or bool(generation.begin_suppress_tokens) or bool(generation.sequence_bias)
-                or bool(generation.forced_eos_token_id))
+                or generation.no_repeat_ngram_size > 0
+                or any(getattr(generation, key) for key in ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+                                                            "sequence_bias", "forced_eos_token_id")))
 
     def sections(self, states: Sequence[RequestState], plans: Sequence[RoundPlan], deep: int,
                  nodes: int) -> dict[str, list[int]]:
@@ -263,19 +273,11 @@ class Processors:
             width = max(1, *(len(s.unseen) for s in states))
             out["fresh"] = [t for s in states for t in [*s.unseen, *[FRESH_PAD] * (width - len(s.unseen))]]
         if any(s.generated < self.least for s in states):
-            out["hold"] = []
-            for state, plan in zip(states, plans):
-                k, depths = state.generated, plan.tree.depths
-                out["hold"] += [int(k + d < self.least) for d in [0, *(depths[u] for u in plan.nodes)]]
-                out["hold"] += [0] * (nodes - len(plan.nodes))
+            out["hold"] = [int(0 <= p < self.least) for p in _row_positions(states, plans, nodes)]
         if self.begin_ids and any(s.generated == 0 for s in states):
             out["first"] = [int(s.generated == 0) for s in states]
         if self.forced_ids:     # the rows predicting the last new token ("last", laid out as "hold")
-            last = []
-            for state, plan in zip(states, plans):
-                k, depths = state.generated, plan.tree.depths
-                last += [int(k + d == self.last) for d in [0, *(depths[u] for u in plan.nodes)]]
-                last += [0] * (nodes - len(plan.nodes))
+            last = [int(p == self.last) for p in _row_positions(states, plans, nodes)]
             if any(last):
                 out["last"] = last
         bans, cells, entries, v, size = [], [], [], self.vocab, deep + 1 + nodes
