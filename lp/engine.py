@@ -32,7 +32,7 @@ from lp.decode.kv_cache import (COMPILE_MODES, attended, compiled_forward, copy_
 from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
-from lp.decode.processors import Processors, SeenPrompt
+from lp.decode.processors import Processors, RowProcessor, SeenPrompt, process_by_input
 from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
                                window_seed)
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
@@ -64,6 +64,7 @@ def lookahead_generate(
     sampling_on_device: bool | None = None,
     streamer=None,
     seen_prompt: SeenPrompt | None = None,
+    row_processor: RowProcessor | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
@@ -80,14 +81,16 @@ def lookahead_generate(
     lazily costs no sync and warps only the rows the walk visits). A transformers `streamer`
     (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
     prompt is the caller's to put, as `generate` puts it before decoding. `seen_prompt`: the prompt
-    as generate's processors see it (lp.decode.processors.SeenPrompt; default: `input_ids`). This is
-    `decode_batch` with one request."""
+    as generate's processors see it (lp.decode.processors.SeenPrompt; default: `input_ids`);
+    `row_processor`: the caller's own processing of every verified row (decode_batch; its key is
+    `request`). This is `decode_batch` with one request."""
     if not len(input_ids):
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
-    (_, result), = decode_batch(model, [(0, input_ids, request, seen_prompt)], lookahead, generation,
+    (_, result), = decode_batch(model, [(request, input_ids, request, seen_prompt)], lookahead, generation,
                                 eos_token_ids=eos_token_ids, tokenizer=tokenizer, comm=comm, corpus=corpus,
                                 compile_mode=compile_mode,
-                                sampling_on_device=sampling_on_device, streamer=streamer)
+                                sampling_on_device=sampling_on_device, streamer=streamer,
+                                row_processor=row_processor)
     if isinstance(result, Exception):
         raise result
     return result
@@ -128,6 +131,7 @@ def decode_batch(
     stats: BatchStats | None = None,
     row_cost: Callable[[int, int], float] | None = None,
     draft_cost: float = 0.0,
+    row_processor: RowProcessor | None = None,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each, `request` naming it in the sampling draws; or
     (key, prompt ids, request, the prompt as generate's processors see it: a SeenPrompt))
@@ -144,7 +148,10 @@ def decode_batch(
     one forward of n requests of q rows each: the device's measured grid,
     lp.measure.cost_model.batch_forward_time) turns on the row budget (lp/decode/budget.py): each
     round the leader cuts every request's tree to the rows that pay for themselves, and for their
-    drafting, `draft_cost` host seconds per request (lp.measure.cost_model.draft_time)."""
+    drafting, `draft_cost` host seconds per request (lp.measure.cost_model.draft_time). `row_processor`
+    (key, input ids, scores) -> scores processes every verified row after generate's processors lp
+    applies itself and before the warpers (lp.decode.processors.process_by_input): exact for a
+    processor that treats each row on its own."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -162,7 +169,7 @@ def decode_batch(
     stats = stats if stats is not None else BatchStats()
     pending = iter(prompts)
     rounds = Rounds(model, lookahead, generation, comm, compile_mode, sampling_on_device, kinds, row_cost,
-                    batch_size, draft_cost, eos_token_ids)
+                    batch_size, draft_cost, eos_token_ids, row_processor)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
@@ -237,7 +244,7 @@ class Rounds:
     def __init__(self, model, lookahead: LookaheadParams, generation: GenerationParams, comm: Comm,
                  compile_mode: str, sampling_on_device: bool | None, kinds,
                  row_cost: Callable[[int, int], float] | None = None, batch_size: int = 1, draft_cost: float = 0.0,
-                 eos_token_ids: Sequence[int] = ()):
+                 eos_token_ids: Sequence[int] = (), row_processor: RowProcessor | None = None):
         self.model, self.comm, self.kinds, self.draft_cost, self.batch_size = model, comm, kinds, draft_cost, batch_size
         # the budget reads the same (requests, rows) cells round after round: each read off the grid once
         self.row_cost = lru_cache(maxsize=None)(row_cost) if row_cost is not None else None
@@ -254,6 +261,7 @@ class Rounds:
         self.warp = warpers(generation, self.device) if generation.sampling else None
         self.processors = (Processors(generation, eos_token_ids, self.device, logits_size(model))
                            if Processors.wanted(generation, eos_token_ids) else None)
+        self.row_processor = row_processor
         self.uploader = Uploader(self.device)
         # the payload's fixed operands, made once: its zeros and its deepest level's padding
         self.zeros = torch.zeros(batch_size, self.width + 1, dtype=torch.long, device=self.device)
@@ -291,6 +299,8 @@ class Rounds:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
         if self.processors is not None:                 # each row's own penalty and EOS hold-back
             frame = self.processors.apply(frame, d, states, dev, v["tok"], ancestors)
+        if self.row_processor is not None:              # then the caller's, each row after its own input
+            frame = process_by_input(frame, d, states, plans, self.row_processor)
         predicted = frame.argmax(-1)                    # the window stays greedy whatever the sampling
         if ancestors is not None:   # z*'s row and the node frame's: what verification reads
             first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame[:, d:], predicted[:, d:],

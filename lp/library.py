@@ -8,15 +8,18 @@ generation config (the model's own `generation_config` merged with the call's ar
 decoding loop to it. It honours `max_new_tokens` / `max_length`, `eos_token_id`, `pad_token_id`,
 `do_sample` with `temperature` / `top_h` / `top_k` / `top_p` / `min_p` / `typical_p` / `epsilon_cutoff` /
 `eta_cutoff`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`, `suppress_tokens`,
-`begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`, `min_new_tokens` / `min_length`,
-`return_dict_in_generate` (`sequences` only) and a
+`begin_suppress_tokens`, `sequence_bias`, `forced_eos_token_id`, `min_new_tokens` / `min_length`, any
+other logits processor that treats each row on its own (`prefix_allowed_tokens_fn`,
+`exponential_decay_length_penalty`, a user's `logits_processor`: called on every verified row with that
+row's own input ids, lp.decode.processors.process_by_input), `return_dict_in_generate` (`sequences` only) and a
 batch of left-padded prompts (each row decoded on its own, the rows padded on the right with
 `pad_token_id` as `generate` pads finished rows). lp's own keys are keyword arguments with the job
 config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.config.JOB_LOOKAHEAD`),
 and `batch_size`, the rows decoded per forward (1: one at a time).
 What it cannot do exactly it refuses, naming the option: beam search, assisted decoding, logits
-processors other than those above, stopping criteria other than the length and EOS ones, scores or
-hidden states in the output.
+processors that read more than their own rows (guidance, the encoder processors) or that generate orders
+where lp cannot, stopping criteria other than the length and EOS ones, scores or hidden states in the
+output.
 
 transformers 5.17-5.24 do not pass `streamer`, `tokenizer` or `assistant_model` to a callable
 `custom_generate` (they keep them for their own decoding methods): `lookahead` reads the streamer and the
@@ -55,6 +58,7 @@ from transformers.generation.logits_process import (
     MinPLogitsWarper,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
@@ -69,7 +73,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
-from lp.decode.processors import SeenPrompt
+from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
@@ -93,6 +97,15 @@ _APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRep
             NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
+# generate's processors that read more than a row's own input ids and scores (the batch's other rows, the
+# encoder's input, the model, their own earlier calls): lp cannot call them row by row
+_NOT_ROW_WISE = frozenset({"UnbatchedClassifierFreeGuidanceLogitsProcessor", "ClassifierFreeGuidanceLogitsProcessor",
+                           "EncoderRepetitionPenaltyLogitsProcessor", "EncoderNoRepeatNGramLogitsProcessor",
+                           "HammingDiversityLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+                           "WhisperTimeStampLogitsProcessor", "WhisperNoSpeechDetection"})
+# lp's own processors that commute with a prefix_allowed_tokens_fn (-inf fills both): generate applies them
+# after it, lp before
+_COMMUTE_WITH_PREFIX = (SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor)
 # generation config options that ask for another decoding than lookahead's, or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
 # return_dict_in_generate asks for nothing (generate ignores it), nor does penalty_alpha 0
@@ -122,6 +135,7 @@ _OPTION_OF = {
     "MinNewTokensLengthLogitsProcessor": "min_new_tokens", "LogitNormalization": "renormalize_logits",
     "MinPLogitsWarper": "min_p", "TypicalLogitsWarper": "typical_p", "EpsilonLogitsWarper": "epsilon_cutoff",
     "EtaLogitsWarper": "eta_cutoff", "ClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
     "PrefixConstrainedLogitsProcessor": "prefix_allowed_tokens_fn",
     "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
     "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size",
@@ -194,7 +208,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     mask = model_kwargs.get("attention_mask")
     _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
     eos = _ids(config.eos_token_id)
-    processing, ignored = _processing([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
+    processing, ignored, custom = _processing([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
                                       bool(config.do_sample), input_ids.shape, eos)
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
@@ -233,7 +247,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
-                                         generation.batch_size, seen)]
+                                         generation.batch_size, seen, _row_processor(custom))]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
@@ -252,12 +266,15 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
              suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (),
              sequence_bias: Mapping | Sequence = (), forced_eos_token_id: int | Sequence[int] = (), seed: int = 0,
-             streamer=None, batch_size: int = 1,
+             prefix_allowed_tokens_fn=None, logits_processor: Sequence = (), streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
-    the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's); a
+    the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's);
+    `prefix_allowed_tokens_fn` (batch id: the prompt's index) and `logits_processor` (after the knobs'
+    processors, before the warpers, as generate merges a custom list) are called row by row, exact for
+    processors that treat each row on its own; a
     `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
     lp's own options are keyword arguments with the job config's names and defaults. As in a job, each
     prompt drafts from the call's earlier completions too (`job_cache`), and `batch_size` > 1 decodes up
@@ -293,9 +310,19 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         generation = generation.greedy()       # generate reads no warper either
     check(generation)
     eos = _ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
+    custom = [_row_wise(p) for p in logits_processor or ()]
+    if prefix_allowed_tokens_fn is not None:
+        if not callable(prefix_allowed_tokens_fn):
+            raise ValueError(f"prefix_allowed_tokens_fn must be a function (batch_id, input_ids) -> allowed token "
+                             f"ids; got {short_repr(prefix_allowed_tokens_fn, 60)}")
+        if generation.forced_eos_token_id:      # generate forces the EOS after the constraint, lp before
+            raise ValueError("lp.generate applies forced_eos_token_id before the processors it calls row by row; "
+                             "it cannot apply it after prefix_allowed_tokens_fn")
+        custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
     if streamer is not None:
         streamer.put(torch.tensor(batch))
-    results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size)
+    results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
+                      row_processor=_row_processor(custom))
     for r in results:
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
@@ -303,11 +330,12 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
 
 
 def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation: GenerationParams, eos: list[int],
-            tokenizer, streamer, batch_size: int, seen: list[SeenPrompt] | None = None) -> list[GenerationResult]:
-    """Every prompt decoded (the k-th as request k, `seen[k]` what generate's processors see of it), one
-    result each in prompt order: each drafts from the completions that ended before it starts (the
-    call's job cache), and with `batch_size` > 1 up to that many share each forward, with the row
-    budget where `params` asks for it."""
+            tokenizer, streamer, batch_size: int, seen: list[SeenPrompt] | None = None,
+            row_processor: RowProcessor | None = None) -> list[GenerationResult]:
+    """Every prompt decoded (the k-th as request k, with key k, `seen[k]` what generate's processors see of
+    it, `row_processor` the processors called row by row), one result each in prompt order: each drafts
+    from the completions that ended before it starts (the call's job cache), and with `batch_size` > 1 up
+    to that many share each forward, with the row budget where `params` asks for it."""
     corpus = completions_index(params)
     seen = seen or [None] * len(prompts)
     width = min(batch_size, len(prompts))
@@ -315,10 +343,12 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
         costs = _row_costs(model, params, width, prompts) if params.row_budget else None
         outcomes = decode_batch(model, ((k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
                                 generation, batch_size=width, prompt_tokens=max(map(len, prompts)),
-                                eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, **budget_kwargs(costs))
+                                eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, row_processor=row_processor,
+                                **budget_kwargs(costs))
     else:
         outcomes = ((k, lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
-                                           request=k, streamer=streamer, seen_prompt=s, corpus=corpus))
+                                           request=k, streamer=streamer, seen_prompt=s, corpus=corpus,
+                                           row_processor=row_processor))
                     for k, (ids, s) in enumerate(zip(prompts, seen)))
     out: dict[int, GenerationResult] = {}
     for k, r in outcomes:         # in the order they end; each completion joins the corpus then
@@ -391,25 +421,31 @@ def _no_op(processor, length: int) -> bool:
 
 
 def _processing(processors, do_sample: bool, shape: tuple[int, int],
-                eos: list[int]) -> tuple[dict, list[int] | None]:
-    """GenerationParams' sampling and processor fields from generate's prepared processors, and where each
-    row's repetition penalty starts (its input_ids' index: None, no penalty). Takes the processors lp
-    applies (_APPLIED; a length processor on the config's eos ids, a sequence bias first) before any
-    cutting warper, then generate's warpers (_WARPERS), each at most once, in
-    its order, with the default filter value and min_tokens_to_keep 1. Under greedy decoding a warper
-    that keeps the most likely token is skipped (it cannot move the argmax). Refuses any other
-    processor, and warpers or processors lp would not apply as given. `shape`: the input_ids' [batch,
-    length]."""
+                eos: list[int]) -> tuple[dict, list[int] | None, list]:
+    """GenerationParams' sampling and processor fields from generate's prepared processors, where each
+    row's repetition penalty starts (its input_ids' index: None, no penalty), and the processors lp
+    calls row by row. Takes the processors lp applies (_APPLIED; a length processor on the config's eos
+    ids, a sequence bias first) before any cutting warper, then any other processor that treats each
+    row on its own (called row by row after those: _row_wise), then generate's warpers (_WARPERS), each
+    at most once, in its order, with the default filter value and min_tokens_to_keep 1. Under greedy
+    decoding a warper that keeps the most likely token is skipped (it cannot move the argmax). Refuses
+    processors that read more than their own rows, and warpers or processors lp would not apply in the
+    order given. `shape`: the input_ids' [batch, length]."""
     warped: dict = {"temperature": 1.0} if do_sample else {}
     fields: dict = {"min_new_tokens": 0}
-    ignored = cut = None
+    ignored = cut = warper = None
     last = -1
     applied = None      # the first processor lp applies: a sequence bias must come before any other
+    custom: list = []   # the processors lp calls row by row, after those it applies
     for p in processors:
         if isinstance(p, _APPLIED):
             if cut is not None:   # after a cutting warper: its cut would come first (temperature commutes)
                 raise ValueError(f"lp.lookahead applies {_named(p)} before the cutting warpers (top-k, top-p, "
                                  f"...), as generate orders its own; it cannot apply it after {_named(cut)}")
+            if custom and not (isinstance(p, _COMMUTE_WITH_PREFIX)
+                               and all(isinstance(c, PrefixConstrainedLogitsProcessor) for c in custom)):
+                raise ValueError(f"lp.lookahead applies {_named(p)} before the processors it calls row by row; it "
+                                 f"cannot apply it after {_named(custom[0])}")
             if _biases(p) and applied is not None:
                 raise ValueError(f"lp.lookahead adds sequence_bias first, as generate orders its own processors; "
                                  f"it cannot add {_named(p)} after {_named(applied)}")
@@ -425,11 +461,12 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
             continue
         kind = next((i for i, cls in enumerate(_WARPERS) if isinstance(p, cls)), None)
         if kind is None:
-            raise ValueError(f"lp.lookahead cannot apply the logits processor {_named(p)} exactly: it "
-                             f"applies repetition_penalty, no_repeat_ngram_size, bad_words_ids, "
-                             f"(begin_)suppress_tokens, sequence_bias, forced_eos_token_id, "
-                             f"min_length / min_new_tokens, and samples with "
-                             f"{', '.join(key for key, _ in _WARPERS.values())}")
+            if warper is not None:    # it would see the warper's scores, which lp makes after it
+                raise ValueError(f"lp.lookahead calls {_named(p)} before the sampling warpers; it cannot call it "
+                                 f"after {_named(warper)}")
+            custom.append(_row_wise(p))
+            continue
+        warper = p
         cut = p if kind > 0 else cut    # a cut, even one greedy skips: a penalty after it would see its -inf
         if not do_sample:
             if isinstance(p, TypicalLogitsWarper):
@@ -444,7 +481,37 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         last = kind
         key, value = list(_WARPERS.values())[kind]
         warped[key] = value(p)
-    return {**warped, **fields}, ignored
+    return {**warped, **fields}, ignored, custom
+
+
+def _row_wise(p):
+    """`p`, a logits processor lp calls row by row (process_by_input), unless it reads more than each row's
+    own input ids and scores."""
+    if not callable(p):
+        raise ValueError(f"a logits processor must be callable as (input_ids, scores); got {short_repr(p, 60)}")
+    if type(p).__name__ in _NOT_ROW_WISE or getattr(p, "_num_beams", 1) != 1:
+        raise ValueError(f"lp cannot apply the logits processor {_named(p)} exactly: it reads more than "
+                         f"each row's own input ids and scores (the batch's other rows or beams, an encoder's "
+                         f"input, the model or its own earlier calls), and lp processes its rows one input at a "
+                         f"time")
+    return p
+
+
+def _row_processor(processors: Sequence) -> RowProcessor | None:
+    """The processors lp calls row by row, in their order, as one RowProcessor (None: none). A
+    prefix_allowed_tokens_fn gets the request's key as its batch id: the prompt's row in the batch, as
+    generate numbers it."""
+    if not processors:
+        return None
+
+    def process(key, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for p in processors:
+            if isinstance(p, PrefixConstrainedLogitsProcessor):    # each row of the call is request `key`'s
+                allowed = p._prefix_allowed_tokens_fn
+                p = PrefixConstrainedLogitsProcessor(lambda _, ids: allowed(key, ids), 1)
+            scores = p(input_ids, scores)
+        return scores
+    return process
 
 
 def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, object]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
 from transformers.generation.logits_process import (
+    EncoderNoRepeatNGramLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     EtaLogitsWarper,
     MinNewTokensLengthLogitsProcessor,
@@ -105,10 +106,36 @@ class Never(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
+def allowed_after(batch_id, ids):
+    """A prefix_allowed_tokens_fn that reads its batch id and the row's last token: one token after a
+    multiple of 4, else two thirds of the vocabulary."""
+    last = int(ids[-1])
+    if last % 4 == 0:
+        return [(last + 7 + batch_id) % 64]
+    return [t for t in range(64) if (t + last + batch_id) % 3]
+
+
+class Lift(LogitsProcessor):
+    """A user's processor that treats each row on its own: lifts a token named by the row's last one."""
+
+    def __call__(self, input_ids, scores):
+        out = scores.clone()
+        out[torch.arange(len(input_ids)), (input_ids[:, -1] * 5 + 1) % scores.shape[-1]] += 2.0
+        return out
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_beams=2), "beam search"),
-    (dict(exponential_decay_length_penalty=(5, 1.5)), r"ExponentialDecayLengthPenalty \(exponential_decay"),
-    (dict(encoder_no_repeat_ngram_size=2), r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\)"),
+    (dict(encoder_no_repeat_ngram_size=2),
+     r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) exactly: it reads more than each row's"),
+    (dict(guidance_scale=1.5), r"UnbatchedClassifierFreeGuidanceLogitsProcessor \(guidance_scale\) exactly"),
+    (dict(prefix_allowed_tokens_fn=allowed_after, forced_eos_token_id=3),
+     r"applies ForcedEOSTokenLogitsProcessor \(forced_eos_token_id\) before the processors it calls row by row; "
+     r"it cannot apply it after PrefixConstrainedLogitsProcessor \(prefix_allowed_tokens_fn\)"),
+    (dict(exponential_decay_length_penalty=(5, 1.5), suppress_tokens=[3]),
+     r"cannot apply it after ExponentialDecayLengthPenalty \(exponential_decay_length_penalty\)"),
+    (dict(logits_processor=LogitsProcessorList([TopKLogitsWarper(5), Lift()])),
+     r"calls Lift before the sampling warpers; it cannot call it after TopKLogitsWarper"),
     (dict(logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.2),
                                                 RepetitionPenaltyLogitsProcessor(1.3)])),
      "applies one repetition_penalty; got two RepetitionPenaltyLogitsProcessor"),
@@ -188,6 +215,27 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
     (gen, _), = seen
     assert (gen.top_h, gen.typical_p, gen.epsilon_cutoff, gen.suppress_tokens) == (0.9, 0.8, 0.01, (3, 2))
     assert gen.eta_cutoff == float(torch.tensor(0.02))      # generate keeps it as a float32 tensor
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(prefix_allowed_tokens_fn=allowed_after),
+    dict(prefix_allowed_tokens_fn=allowed_after, suppress_tokens=[14, 30], begin_suppress_tokens=[1],
+         repetition_penalty=1.2),
+    dict(logits_processor=LogitsProcessorList([Lift()]), no_repeat_ngram_size=3),
+    dict(exponential_decay_length_penalty=(2, 1.6), eos_token_id=5),
+    dict(remove_invalid_values=True, logits_processor=LogitsProcessorList([Lift()]), forced_eos_token_id=[9])])
+def test_drop_in_calls_other_processors_row_by_row(model, kwargs):
+    """float64: a processor lp has no device form of (prefix_allowed_tokens_fn with the row's batch id,
+    a user's LogitsProcessor, exponential_decay_length_penalty, remove_invalid_values) is called on every
+    verified row with that row's own input ids, after lp's own processors: on a left-padded batch, one
+    row and three per forward, the ids are generate's, and the setting changes them."""
+    ids, mask = left_padded(PROMPTS)
+    want = plain(model, ids, mask, max_new_tokens=30, **kwargs)
+    assert not torch.equal(want, plain(model, ids, mask, max_new_tokens=30, eos_token_id=kwargs.get("eos_token_id")))
+    for batch_size in (1, 3):
+        got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, batch_size=batch_size,
+                    row_budget=False, **TREE, **kwargs)
+        assert torch.equal(got, want), batch_size
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
@@ -320,6 +368,35 @@ def test_generate_applies_generates_processors(model):
     want = [plain(model, torch.tensor([p]), max_new_tokens=20, **knobs)[0, len(p):].tolist() for p in PROMPTS]
     assert want != [plain(model, torch.tensor([p]), max_new_tokens=20)[0, len(p):].tolist() for p in PROMPTS]
     assert [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=20, **knobs, **TREE)] == want
+
+
+def upto_eos(model, ids):
+    """A generated row up to its first EOS (generate pads the rest)."""
+    eos = model.generation_config.eos_token_id
+    return next((ids[:i + 1] for i, t in enumerate(ids) if t == eos), ids)
+
+
+def test_generate_calls_processors_row_by_row(model):
+    """lp.generate's prefix_allowed_tokens_fn (the prompt's index as its batch id) and logits_processor are
+    generate's on the same batch (float64), one prompt and three per forward; they change the ids; what it
+    cannot call row by row, or in generate's order, it refuses."""
+    ids, mask = left_padded(PROMPTS)
+    for knobs in (dict(prefix_allowed_tokens_fn=allowed_after, suppress_tokens=[30]),
+                  dict(logits_processor=[Lift()], repetition_penalty=1.2, forced_eos_token_id=7)):
+        run = lambda **more: [upto_eos(model, r) for r in  # noqa: E731
+                              plain(model, ids, mask, max_new_tokens=20, **more)[:, ids.shape[1]:].tolist()]
+        want = run(**{k: LogitsProcessorList(v) if k == "logits_processor" else v for k, v in knobs.items()})
+        assert want != run(**{k: v for k, v in knobs.items() if k not in ("prefix_allowed_tokens_fn", "logits_processor")})
+        for batch_size in (1, 3):
+            got = lp.generate(model, PROMPTS, max_new_tokens=20, batch_size=batch_size, row_budget=False, **knobs,
+                              **TREE)
+            assert [r.token_ids for r in got] == want, (knobs, batch_size)
+    with pytest.raises(ValueError, match=r"cannot apply it after prefix_allowed_tokens_fn"):
+        lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=allowed_after, forced_eos_token_id=3)
+    with pytest.raises(ValueError, match=r"prefix_allowed_tokens_fn must be a function"):
+        lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=[1, 2])
+    with pytest.raises(ValueError, match=r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) exactly: it reads more than"):
+        lp.generate(model, PROMPTS[0], logits_processor=[EncoderNoRepeatNGramLogitsProcessor(2, torch.tensor([[1, 2]]))])
 
 
 def test_generate_drafts_from_earlier_completions_and_batches(model, monkeypatch):

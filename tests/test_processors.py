@@ -256,11 +256,12 @@ def test_the_penalty_counts_the_tokens_it_is_given():
         assert r.token_ids == want, penalized
 
 
-def plain_processed_sampling(model, prompt, gen, request, eos):
+def plain_processed_sampling(model, prompt, gen, request, eos, custom=None):
     """A plain loop: each new token drawn with u_k from the model's distribution after the repetition
-    penalty, the EOS hold-back, the n-gram and bad-word bans, the suppressed tokens and the warpers (the
-    bans and the hold-back are -inf, so their order does not matter)."""
-    draws, warp, seq = Draws(gen.seed, request), warpers(gen), list(prompt)
+    penalty, the EOS hold-back, the n-gram and bad-word bans, the suppressed tokens, a caller's `custom`
+    processor (key, input_ids, scores) and the warpers (the bans and the hold-back are -inf, so their
+    order does not matter); greedy: the argmax after the processors."""
+    draws, warp, seq = Draws(gen.seed, request), warpers(gen) if gen.sampling else None, list(prompt)
     for k in range(gen.max_new_tokens):
         scores = last_logits(model, seq)[None]
         if gen.sequence_bias:
@@ -280,7 +281,9 @@ def plain_processed_sampling(model, prompt, gen, request, eos):
         if gen.begin_suppress_tokens:
             scores = SuppressTokensAtBeginLogitsProcessor(list(gen.begin_suppress_tokens), len(prompt))(
                 torch.tensor([seq]), scores)
-        seq.append(sample(distribution(scores[0], warp), draws.uniform(k)))
+        if custom is not None:
+            scores = custom(request, torch.tensor([seq]), scores)
+        seq.append(sample(distribution(scores[0], warp), draws.uniform(k)) if gen.sampling else int(scores[0].argmax()))
         if seq[-1] in eos:
             break
     return seq[len(prompt):]
@@ -310,6 +313,46 @@ def test_sampled_tokens_with_processors_are_plain_sampling(model, gen):
                                     eos_token_ids=eos, sampling_on_device=on_device))
             assert [got[i].token_ids for i in range(len(PROMPTS))] == want, (params, on_device)
     assert multi > 5
+
+
+def lift_after_last(key, ids, scores):
+    """A caller's row-wise processor: each row lifts the token after its last one (shifted by the request's
+    key) by 3 and bans the token its input's length names (so it reads the key, the tokens and the length)."""
+    out = scores.clone()
+    v = out.shape[-1]
+    out[torch.arange(len(ids)), (ids[:, -1] + 1 + key) % v] += 3.0
+    out[:, ids.shape[1] % v] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("gen", [
+    GenerationParams(NEW),
+    GenerationParams(NEW, repetition_penalty=1.3, no_repeat_ngram_size=3, suppress_tokens=(5,)),
+    GenerationParams(NEW, temperature=0.9, top_k=8, repetition_penalty=1.2, seed=5)])
+def test_a_callers_row_processor_is_a_plain_loops(model, gen):
+    """float64: a caller's processor of verified rows (lp.decode.processors.process_by_input), after lp's own
+    processors and before the warpers, gives a plain loop's tokens (greedy, or sampled with the same draws)
+    for window, lookup and suffix trees, one request at a time and batched (device and host walks); the
+    processor changes the output and rounds accept several tokens through it."""
+    eos = [2]
+    want = [plain_processed_sampling(model, p, gen, i, eos, lift_after_last) for i, p in enumerate(PROMPTS)]
+    assert want != [plain_processed_sampling(model, p, gen, i, eos) for i, p in enumerate(PROMPTS)]
+    multi = 0
+    for params in CONFIGS:
+        for i, p in enumerate(PROMPTS):
+            r = lookahead_generate(model, p, params, gen, request=i, eos_token_ids=eos, row_processor=lift_after_last)
+            assert r.token_ids == want[i], (params, i)
+            multi += sum(e > 1 for e in r.emitted_per_round)
+        for on_device in (False, True):
+            got = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS)], params, gen, batch_size=3,
+                                    eos_token_ids=eos, sampling_on_device=on_device, row_processor=lift_after_last))
+            assert [got[i].token_ids for i in range(len(PROMPTS))] == want, (params, on_device)
+    assert multi > 5
+
+
+def test_a_row_processor_must_return_scores(model):
+    with pytest.raises(ValueError, match=r"a logits processor returned list \(\) for scores of shape \(1, 16\)"):
+        lookahead_generate(model, PROMPTS[0], CONFIGS[0], GenerationParams(4), row_processor=lambda k, i, s: [])
 
 
 def test_processors_are_checked():

@@ -42,12 +42,17 @@ then the bans and the hold-back (each -inf, which the penalty keeps), then the s
 logits stay float64, where generate casts them to float32 first: as for lp's plain argmax, the two
 differ only at a near-tie below float32's resolution.
 
+A caller's own processors (a `RowProcessor`: the generate drop-in's and lp.generate's logits processors
+that lp has no device form of, such as prefix_allowed_tokens_fn or a LogitsProcessor of the user's) run
+after these, on every verified row's scores with that row's own input ids (`process_by_input`), so they
+are exact too when each treats its rows on their own, as generate's processors do.
+
 `SeenPrompt` is the prompt as generate's processors see it when that is not the ids lp decodes from
 (the generate drop-in's left-padded rows).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -58,6 +63,8 @@ if TYPE_CHECKING:
     from lp.decode.request import RequestState, RoundPlan
 
 FRESH_PAD = 1 << 62      # a `fresh` section's padding: clamped to the spare column V on the device
+# a caller's processor of verified rows: (request key, input_ids [m, L], scores [m, V]) -> scores [m, V]
+RowProcessor = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class SeenPrompt(NamedTuple):
@@ -353,3 +360,32 @@ class Processors:
             if 0 <= t < self.vocab:
                 mask[t] = True
         return mask
+
+
+def process_by_input(frame: torch.Tensor, deep: int, states: Sequence[RequestState], plans: Sequence[RoundPlan],
+                     process: RowProcessor) -> torch.Tensor:
+    """`frame` [n, D + 1 + N, V] with a caller's `process` applied to every verified row, after lp's own
+    processors: called once per request and depth with the request's key, those rows' input ids as
+    generate's processors see them ([m, L] on the frame's device: the request's seen prompt and output,
+    then the node's path, itself included) and their scores ([m, V], float32 as generate processes
+    them, float64 as lp's own), it returns their processed scores. The window's cells stay as they were
+    (they only propose); the model's logits are never written."""
+    out = frame.float() if frame.dtype not in (torch.float32, torch.float64) else frame.clone()
+    for i, (state, plan) in enumerate(zip(states, plans)):
+        seen, tree = state.seen_tokens, plan.tree
+        groups: dict[int, tuple[list[int], list[list[int]]]] = {0: ([deep], [seen])}    # depth -> (rows, inputs)
+        paths: dict[int, list[int]] = {-1: []}
+        for j, u in enumerate(plan.nodes):      # whole root subtrees in preorder: a parent comes first
+            paths[u] = paths[tree.parents[u]] + [tree.tokens[u]]
+            rows, inputs = groups.setdefault(tree.depths[u], ([], []))
+            rows.append(deep + 1 + j)
+            inputs.append(seen + paths[u])
+        for rows, inputs in groups.values():
+            index = torch.tensor(rows, device=out.device)
+            scores = out[i, index]
+            processed = process(state.key, torch.tensor(inputs, dtype=torch.long, device=out.device), scores)
+            if not isinstance(processed, torch.Tensor) or processed.shape != scores.shape:
+                raise ValueError(f"a logits processor returned {type(processed).__name__} "
+                                 f"{tuple(getattr(processed, 'shape', ()))} for scores of shape {tuple(scores.shape)}")
+            out[i, index] = processed.to(out.dtype)
+    return out

@@ -110,6 +110,7 @@ class RequestState:
         self.unseen = [int(t) for t in seen_prompt.ids[seen_prompt.penalty_start:]] if self.penalizes else []
         self.seen: torch.Tensor | None = None
         self.bans = RowBans(generation, seen_prompt.ids) if RowBans.wanted(generation) else None
+        self.seen_prompt = [int(t) for t in seen_prompt.ids]
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
         self._fit_window()
@@ -129,6 +130,11 @@ class RequestState:
     def generated(self) -> int:
         """New tokens committed so far: the position of the next round's first token (its draw's)."""
         return len(self.tokens) - len(self.prompt)
+
+    @property
+    def seen_tokens(self) -> list[int]:
+        """The input as generate's processors see it: the seen prompt, then the committed output."""
+        return self.seen_prompt + self.tokens[len(self.prompt):]
 
     @property
     def draft_depth(self) -> int:
