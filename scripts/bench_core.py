@@ -39,6 +39,7 @@ against rows, so a configuration can be read against the peer at equal rows.
     python scripts/bench_core.py --temperature 0.7 --top-p 0.9 --configs "15,5,15;7,5,7" --seeding on
     python scripts/bench_core.py --repetition-penalty 1.2 --seeding on   # generate's penalty, every system
     python scripts/bench_core.py --no-repeat-ngram-size 4 --seeding on   # generate's n-gram ban, every system
+    python scripts/bench_core.py --ban-chars "'" --seeding on   # a prefix_allowed_tokens_fn, called row by row
     python scripts/bench_core.py --seeding on --suffix-peer 32,8 \
         --configs "0,4,0,suffix_factor=8,suffix_tokens=32,suffix_min_score=0.1,job_cache=true"
     python scripts/bench_core.py --data classeval --data-path ../shared/data/ClassEval_data.json --limit 10 --chat
@@ -54,6 +55,7 @@ import json
 
 import click
 import torch
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
 import dataclasses
 
@@ -109,6 +111,12 @@ def bench_prompts(data: str, path: str | None, chat: bool, limit: int, tokenizer
         raise click.UsageError(str(e))
 
 
+def allowed_without(tokenizer, chars: str, eos: list[int]) -> list[int]:
+    """The token ids whose text holds none of `chars`, and the EOS ids."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
+    return sorted({i for i in range(size) if not set(tokenizer.decode([i])) & set(chars)} | set(eos))
+
+
 def label(p: LookaheadParams) -> str:
     lookup = f" L{p.lookup_candidates}k{p.lookup_tokens}m{p.lookup_ngram}" if p.lookup_candidates else ""
     suffix = ""
@@ -142,6 +150,9 @@ def label(p: LookaheadParams) -> str:
               help="no EOS before this many new tokens, for every system (0: off)")
 @click.option("--no-repeat-ngram-size", "no_repeat", default=0, show_default=True,
               help="generate's n-gram ban (the host lists each row's bans), for every system (0: off)")
+@click.option("--ban-chars", "ban_chars", default="", metavar="CHARS",
+              help="generate's prefix_allowed_tokens_fn for every system: only tokens whose text holds none of "
+                   "CHARS, and EOS (lookahead calls it on every verified row; '': off)")
 @click.option("--suffix-peer", "suffix_peer", default="", metavar="B,F[;B,F...]",
               help="also simulate SuffixDecoding (arctic-inference) with tree drafts of at most B nodes and "
                    "F x match length, with and without its global cache (greedy only); several B,F "
@@ -157,8 +168,8 @@ def label(p: LookaheadParams) -> str:
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
-         temperature, top_k, top_p, repetition_penalty, min_new_tokens, no_repeat, suffix_peer, compile_mode,
-         cpu_linear, threads, json_out):
+         temperature, top_k, top_p, repetition_penalty, min_new_tokens, no_repeat, ban_chars, suffix_peer,
+         compile_mode, cpu_linear, threads, json_out):
     if threads:
         torch.set_num_threads(threads)
     gen = GenerationParams(max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -194,6 +205,12 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     model, tok, eos, kernels = loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.linear_kernels
     stock = load_model(model_name, dtype, device).model if kernels == "onednn" else model
     prompts = bench_prompts(data, data_path, chat, limit, tok)
+    row_processor = None
+    if ban_chars:      # plain decoding gets the function, lookahead the same processor row by row
+        allowed = allowed_without(tok, ban_chars, eos)
+        processors["prefix_allowed_tokens_fn"] = lambda batch_id, ids: allowed
+        constrained = PrefixConstrainedLogitsProcessor(processors["prefix_allowed_tokens_fn"], 1)
+        row_processor = lambda key, ids, scores: constrained(ids, scores)  # noqa: E731
     base = "sampling" if gen.sampling else "greedy"
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if gen.sampling else None
 
@@ -226,7 +243,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
             for name, v, mode in runs:
                 if mode != "off":
                     lookahead_generate(model, problem["ids"], v, gen, eos_token_ids=eos,
-                                       compile_mode=mode)
+                                       compile_mode=mode, row_processor=row_processor)
     for i, problem in enumerate(prompts):
         ids = problem["ids"]
         torch.manual_seed(i)
@@ -247,7 +264,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
         for name, v, mode in runs:
             corpus = corpora[name]
             r = lookahead_generate(model, ids, v, gen, eos_token_ids=eos, request=problem["task_id"], corpus=corpus,
-                                   compile_mode=mode)
+                                   compile_mode=mode, row_processor=row_processor)
             if corpus is not None and r.token_ids:
                 corpus.add(r.token_ids)
             add(name, r.token_ids, ref.ids, r.decode_seconds, r.forwards, sum(r.rows_per_round),
@@ -257,7 +274,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     for name, v, mode in runs:        # untimed: the count's dispatch mode slows every op down
         with RoundOps().counting() as ops:
             lookahead_generate(model, prompts[0]["ids"], v, gen, eos_token_ids=eos, request=prompts[0]["task_id"],
-                               corpus=corpora[name], compile_mode=mode)
+                               corpus=corpora[name], compile_mode=mode, row_processor=row_processor)
         stats[name]["ops"] = max(ops.rounds)
 
     plain = stats[systems[0]]
@@ -267,6 +284,8 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
         mode += f", repetition_penalty {repetition_penalty}, min_new_tokens {min_new_tokens}"
     if no_repeat:
         mode += f", no_repeat_ngram_size {no_repeat}"
+    if ban_chars:
+        mode += f", prefix_allowed_tokens_fn banning {ban_chars!r}"
     names = {"humaneval": "HumanEval", "classeval": "ClassEval"}
     click.echo(f"\nmodel {model_name} {dtype}, {kernels} linear kernels, {len(prompts)} {names[data]} prompts"
                f"{' (chat)' if chat else ''}, {max_new_tokens} new tokens, "
@@ -278,7 +297,7 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     report = {"model": model_name, "dtype": dtype, "cpu_linear": kernels, "data": data, "chat": chat,
               "temperature": temperature, "top_k": top_k, "top_p": top_p,
               "repetition_penalty": repetition_penalty, "min_new_tokens": min_new_tokens,
-              "no_repeat_ngram_size": no_repeat,
+              "no_repeat_ngram_size": no_repeat, "ban_chars": ban_chars,
               "prompts": len(prompts), "max_new_tokens": max_new_tokens, "plain_tokens": plain["tokens"],
               "plain_tokens_per_s": plain_tps, "systems": []}
     for name, st in stats.items():

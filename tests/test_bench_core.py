@@ -71,8 +71,8 @@ def test_bench_core_float32_shares_onednn_linears_and_times_a_stock_copy(tmp_pat
 
 
 def test_bench_core_applies_the_processors_to_every_system(tmp_path):
-    """--repetition-penalty, --min-new-tokens and --no-repeat-ngram-size reach plain greedy and lookahead
-    alike (float64: the same ids), and change them; the processors' ops per round stay within their bound."""
+    """--repetition-penalty, --min-new-tokens, --no-repeat-ngram-size and --ban-chars reach plain greedy and
+    lookahead alike (float64: the same ids), and change them; the processors' ops per round stay within their bound."""
     def run(*extra):
         out = tmp_path / "core.json"
         cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",
@@ -91,6 +91,12 @@ def test_bench_core_applies_the_processors_to_every_system(tmp_path):
     assert report["systems"][1]["ops_per_round"] <= 60       # tests/test_round_ops.py: 30 + 30
     assert [s["tokens"] for s in report["systems"]] != [s["tokens"] for s in free["systems"]] or \
         report["systems"][1]["forwards"] != free["systems"][1]["forwards"]
+    # a prefix_allowed_tokens_fn (plain decoding's) called row by row (lookahead's): the same ids, and changed
+    banned, stdout = run("--ban-chars", "ABCDEFGHIJ")
+    assert banned["ban_chars"] == "ABCDEFGHIJ" and "prefix_allowed_tokens_fn banning 'ABCDEFGHIJ'" in stdout
+    assert all(s["same_as_plain"] == 2 for s in banned["systems"])
+    assert [s["tokens"] for s in banned["systems"]] != [s["tokens"] for s in free["systems"]] or \
+        banned["systems"][1]["forwards"] != free["systems"][1]["forwards"]
 
 
 def test_bench_core_rejects_a_bad_config():

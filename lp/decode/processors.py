@@ -372,18 +372,20 @@ def process_by_input(frame: torch.Tensor, deep: int, states: Sequence[RequestSta
     (they only propose); the model's logits are never written."""
     out = frame.float() if frame.dtype not in (torch.float32, torch.float64) else frame.clone()
     for i, (state, plan) in enumerate(zip(states, plans)):
-        seen, tree = state.seen_tokens, plan.tree
-        groups: dict[int, tuple[list[int], list[list[int]]]] = {0: ([deep], [seen])}    # depth -> (rows, inputs)
+        tree = plan.tree
+        seen = torch.tensor(state.seen_tokens, dtype=torch.long, device=out.device)
+        groups: dict[int, tuple[list[int], list[int]]] = {0: ([deep], [])}    # depth -> (rows, their paths)
         paths: dict[int, list[int]] = {-1: []}
         for j, u in enumerate(plan.nodes):      # whole root subtrees in preorder: a parent comes first
             paths[u] = paths[tree.parents[u]] + [tree.tokens[u]]
-            rows, inputs = groups.setdefault(tree.depths[u], ([], []))
+            rows, tokens = groups.setdefault(tree.depths[u], ([], []))
             rows.append(deep + 1 + j)
-            inputs.append(seen + paths[u])
-        for rows, inputs in groups.values():
+            tokens += paths[u]
+        for depth, (rows, tokens) in groups.items():
             index = torch.tensor(rows, device=out.device)
             scores = out[i, index]
-            processed = process(state.key, torch.tensor(inputs, dtype=torch.long, device=out.device), scores)
+            path = torch.tensor(tokens, dtype=torch.long, device=out.device).view(len(rows), depth)
+            processed = process(state.key, torch.cat([seen.expand(len(rows), -1), path], dim=1), scores)
             if not isinstance(processed, torch.Tensor) or processed.shape != scores.shape:
                 raise ValueError(f"a logits processor returned {type(processed).__name__} "
                                  f"{tuple(getattr(processed, 'shape', ()))} for scores of shape {tuple(scores.shape)}")
