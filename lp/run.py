@@ -1,4 +1,4 @@
-"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh]`.
+"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh] [--check]`.
 
 The command line only: parse the flags, load and check the config (exit 2 on
 any problem), set up the process group, run the job (lp/jobs/runner.py) and
@@ -6,7 +6,9 @@ turn every failure into one `error:` line with its exit status (1 for a job
 that cannot run or whose every prompt is an error record, 2 for a config or resume refusal, 130 when interrupted by
 Ctrl-C, 143 when stopped by SIGTERM: `docker stop`, Slurm's `scancel`, a
 torchrun agent stopping its workers; both keep what was written, as a resume
-expects).
+expects). `--check` stops before the model: the config for WORLD_SIZE workers, the prompts and the
+output directory, nothing written (launch/single_node.sh runs it before torchrun, whose own traceback
+would otherwise follow a worker's error line).
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import torch
 
 from lp.jobs.config import ConfigError, environment_problems, load_config
 from lp.jobs.data import DataError
-from lp.jobs.results import ResumeRefused
-from lp.jobs.runner import JobError, StartRefused, run_job
+from lp.jobs.results import JobDirError, ResumeRefused
+from lp.jobs.runner import JobError, StartRefused, check_job, run_job
 from lp.jobs.summary import report
 from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
@@ -65,7 +67,10 @@ def _stderr_is_terminal() -> bool:
 @click.option("--force", is_flag=True,
               help="Resume an output directory even though its results were made with a different config.")
 @click.option("--fresh", is_flag=True, help="Discard the results already in the output directory and start over.")
-def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool) -> None:
+@click.option("--check", is_flag=True,
+              help="Check the config (for WORLD_SIZE workers), the prompts and the output directory, and exit "
+                   "without loading the model or writing anything.")
+def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool, check: bool) -> None:
     """Run a Lookahead Decoding job described by a YAML config (resumes an interrupted one)."""
     if force and fresh:
         raise click.UsageError("--force (resume despite a changed config) and --fresh (discard the results) "
@@ -87,6 +92,15 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
         if lead:
             click.echo(f"error: {e}", err=True)
         raise SystemExit(2)
+    if check:
+        if lead:        # under torchrun the others stop here: rank 0 alone reads the prompts and the directory
+            try:
+                click.echo(f"ok: {config_path}: {check_job(cfg, force=force, fresh=fresh)}")
+            except ResumeRefused as e:
+                _fail(str(e), 2)
+            except (DataError, JobDirError) as e:
+                _fail(str(e), 1)
+        return
     try:
         comm = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_s, cfg.model.device,
                                 cfg.distributed.lp_size)

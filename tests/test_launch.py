@@ -1,6 +1,11 @@
-"""launch/: the torchrun wrappers refuse a worker count torchrun itself would answer with a traceback."""
+"""launch/: the torchrun wrappers refuse a worker count torchrun itself would answer with a traceback,
+and check the job before torchrun starts a worker."""
+import json
+import os
 import subprocess
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -10,3 +15,30 @@ def test_single_node_refuses_zero_workers():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "error: launch/single_node.sh: P must be >= 1 (workers), got 0"
+
+
+def test_single_node_checks_the_job_before_torchrun(tmp_path):
+    """A bad config or prompt file is the worker's one error line and its status, without torchrun's
+    traceback; a good one reaches torchrun (here its workers only --check too)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"task_id": "t/0", "prompt": "def f(x):"}) + "\n")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({"model": {"name": "tiny-random-llama?vocab=64&seed=0", "device": "cpu"},
+                                      "data": {"source": "jsonl", "path": str(prompts)},
+                                      "output": {"dir": str(tmp_path / "out")}}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def launch(*args):
+        return subprocess.run(["bash", str(ROOT / "launch" / "single_node.sh"), "2", "--config", str(config), *args],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    bad = launch("--set", "distributed.lp_size=3")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.splitlines()[1].strip() == \
+        "distributed.lp_size: 3 must divide the world size 2 (the workers form world_size / lp_size LP groups of lp_size)"
+    missing = launch("--set", f"data.path={tmp_path}/none.jsonl")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: prompt file not found"), missing.stderr
+    assert "Traceback" not in missing.stderr
+    good = launch("--check")
+    assert good.returncode == 0, good.stderr[-2000:]
+    assert good.stdout.count("ok: ") == 1 and "1 of 1 prompts to decode" in good.stdout   # rank 0's line
+    assert not (tmp_path / "out").exists()

@@ -21,6 +21,7 @@ from lp.jobs.code import CHAT_CODE_STOP, chat_completion, chat_message, parses
 from lp.jobs.config import CODE_COMPLETION_STOP, JOB_LOOKAHEAD, load_config
 from lp.models import LoadedModel, TinyTokenizer, load_model
 from lp.jobs.data import prompt_digest
+from lp.jobs.results import JobDir
 from lp.run import main
 from reference import full_forward_greedy
 
@@ -249,6 +250,36 @@ def test_missing_prompt_file_exits_1_before_model_load(job, tmp_path):
     assert result.stderr.startswith("error: prompt file not found")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_check_stops_before_the_model_and_writes_nothing(job, tmp_path, monkeypatch):
+    """--check: the config, the prompts and the output directory as a run would find them, one line,
+    no model loaded and nothing written; what a run would refuse it refuses with the run's status."""
+    config, out = job
+    check = lambda *more: CliRunner().invoke(main, ["--config", str(config), "--check", *more])  # noqa: E731
+    loads = []
+    monkeypatch.setattr(lp.jobs.runner, "load_model", lambda *a, **k: loads.append(a))
+    result = check()
+    assert result.exit_code == 0 and result.stdout == f"ok: {config}: 3 of 3 prompts to decode into {out}\n"
+    assert not out.exists() and not loads
+    monkeypatch.undo()
+    assert CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=2"]).exit_code == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert check().stdout.endswith("1 of 3 prompts to decode into " + str(out) + "\n")
+    refused = check("--set", "generation.max_new_tokens=9")
+    assert refused.exit_code == 2 and "holds 2 results made with a different config" in refused.stderr
+    assert check("--set", "generation.max_new_tokens=9", "--fresh").stdout.endswith("3 of 3 prompts to decode "
+                                                                                      f"into {out}\n")
+    assert check("--set", "generation.max_new_tokens=9", "--force").exit_code == 0
+    missing = check("--set", f"data.path={tmp_path}/none.jsonl")
+    assert missing.exit_code == 1 and missing.stderr.startswith("error: prompt file not found")
+    assert check("--set", "lookahead.ngram=2").exit_code == 2
+    holder = JobDir(out)
+    holder._take_lock()                     # a run in progress
+    busy = check()
+    assert busy.exit_code == 1 and busy.stderr == f"error: {out} is in use by another run\n"
+    holder.close()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == written       # --fresh discarded nothing either
 
 
 @pytest.mark.parametrize("error", [

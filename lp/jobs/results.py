@@ -97,26 +97,7 @@ class JobDir:
             self.kept = len(self.records)
             self.kept_ids = frozenset(self.records)
             if self.records:
-                changed = self._config_changes(cfg)
-                if changed and not force:
-                    raise ResumeRefused(
-                        f"{self.dir} holds {self.kept} results made with a different config "
-                        f"({'; '.join(changed)}); rerun with --force to resume anyway, --fresh to start "
-                        f"over, or choose another output.dir")
-                if changed:
-                    logger.warning("--force: resuming %s although the config changed (%s)",
-                                   self.dir, "; ".join(changed))
-                stale = [t for t, r in self.records.items()
-                         if prompt_hashes and t in prompt_hashes and r.get("prompt_hash", prompt_hashes[t])
-                         != prompt_hashes[t]]      # records from an lp before prompt_hash: unchecked
-                if stale and not force:
-                    raise ResumeRefused(
-                        f"{self.dir} holds results for {len(stale)} task{'s' if len(stale) > 1 else ''} whose "
-                        f"prompt has changed since ({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); "
-                        f"rerun with --force to keep those results anyway, --fresh to start over, or choose "
-                        f"another output.dir")
-                if stale:
-                    logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
+                self._check_resume(cfg, force, prompt_hashes)
                 logger.info("resuming %s: %d results kept", self.dir, self.kept)
             self.summary_path.unlink(missing_ok=True)  # summary.json exists only for a finished run
             write_atomic(self.config_path, cfg.to_yaml())
@@ -127,6 +108,57 @@ class JobDir:
         except BaseException:
             self.close()
             raise
+
+    def check(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
+              prompt_hashes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """What `open` would refuse, without writing anything or keeping the lock: the records a run
+        would keep ({} with `fresh` or no directory yet); JobDirError for a path that cannot be a job's
+        directory, one another run holds, or corrupt results, ResumeRefused as `open`."""
+        if self.dir.exists() and not self.dir.is_dir():
+            raise JobDirError(f"output.dir {self.dir} is a file, not a directory")
+        if not self.dir.exists():
+            return {}
+        try:
+            if (self.dir / LOCK_FILE).exists():       # taken and given back at once, as open would take it
+                with (self.dir / LOCK_FILE).open("r") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise JobDirError(f"{self.dir} is in use by another run") from None
+        if fresh:
+            return {}
+        try:
+            self.records = self._read_records(repair=False)
+        except JobDirError:
+            raise
+        except OSError as e:
+            raise self._unusable(e) from e
+        self.kept = len(self.records)
+        if self.records:
+            self._check_resume(cfg, force, prompt_hashes)
+        return self.records
+
+    def _check_resume(self, cfg: JobConfig, force: bool, prompt_hashes: Mapping[str, str] | None) -> None:
+        """Refuse (ResumeRefused) to resume the records read unless they were made with `cfg` (but for
+        its result-neutral keys) and every task's prompt is the same now; with `force`, warn instead."""
+        changed = self._config_changes(cfg)
+        if changed and not force:
+            raise ResumeRefused(
+                f"{self.dir} holds {self.kept} results made with a different config "
+                f"({'; '.join(changed)}); rerun with --force to resume anyway, --fresh to start "
+                f"over, or choose another output.dir")
+        if changed:
+            logger.warning("--force: resuming %s although the config changed (%s)", self.dir, "; ".join(changed))
+        stale = [t for t, r in self.records.items()
+                 if prompt_hashes and t in prompt_hashes and r.get("prompt_hash", prompt_hashes[t])
+                 != prompt_hashes[t]]      # records from an lp before prompt_hash: unchecked
+        if stale and not force:
+            raise ResumeRefused(
+                f"{self.dir} holds results for {len(stale)} task{'s' if len(stale) > 1 else ''} whose "
+                f"prompt has changed since ({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''}); "
+                f"rerun with --force to keep those results anyway, --fresh to start over, or choose "
+                f"another output.dir")
+        if stale:
+            logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
 
     def _unusable(self, e: OSError) -> JobDirError:
         if isinstance(e, JobDirError):

@@ -95,8 +95,7 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             prompts = load_prompts(cfg.data)
             logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
             job = JobDir(cfg.output.dir)
-            job.open(cfg, force=force, fresh=fresh,
-                     prompt_hashes={p.task_id: prompt_digest(p.prompt) for p in prompts})
+            job.open(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
         except (DataError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
     if comm.job_world > 1 and (status := comm.job_go(start_status(failure))):   # go / stop for every rank
@@ -160,6 +159,21 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
     finally:
         if job:
             job.close()
+
+
+def check_job(cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> str:
+    """What run_job checks before it loads the model, without loading it or writing anything: the prompts
+    load, and output.dir can be opened and resumed (DataError, JobDirError, ResumeRefused as run_job
+    raises them). Returns one line: how many prompts the job would decode."""
+    prompts = load_prompts(cfg.data)
+    records = JobDir(cfg.output.dir).check(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
+    left = sum(p.task_id not in records for p in prompts)
+    return f"{left} of {len(prompts)} prompts to decode into {cfg.output.dir}"
+
+
+def _hashes(prompts: Sequence[Prompt]) -> dict[str, str]:
+    """Each task's prompt digest, as its record keeps it (a resume checks them)."""
+    return {p.task_id: prompt_digest(p.prompt) for p in prompts}
 
 
 def evaluate(cfg: JobConfig, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
