@@ -208,8 +208,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     mask = model_kwargs.get("attention_mask")
     _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
     eos = _ids(config.eos_token_id)
-    processing, ignored, custom = _processing([p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])],
-                                      bool(config.do_sample), input_ids.shape, eos)
+    processing, ignored, custom = _processing(
+        [p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])], bool(config.do_sample),
+        input_ids.shape, eos)
     for criterion in stopping_criteria or []:
         if not isinstance(criterion, _STOPS):
             raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it "
