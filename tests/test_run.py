@@ -155,6 +155,26 @@ def test_resume_with_another_prompt_selection(job):
     assert yaml.safe_load((out / "config.yaml").read_text())["data"]["offset"] == 1
 
 
+def test_a_moved_prompt_file_resumes(job, tmp_path):
+    """data.path changes no record: a job whose prompt file moved resumes from the new path, decoding only
+    the prompts without a record; an edit under the new path is still caught by the prompt hashes."""
+    config, out = job
+    runner = CliRunner()
+    assert runner.invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=2"]).exit_code == 0
+    kept = (out / "results.jsonl").read_text()
+    moved = tmp_path / "moved" / "prompts.jsonl"
+    moved.parent.mkdir()
+    moved.write_text((tmp_path / "prompts.jsonl").read_text())
+    result = runner.invoke(main, ["--config", str(config), "--quiet", "--set", f"data.path={moved}"])
+    assert result.exit_code == 0, result.output
+    assert (out / "results.jsonl").read_text().startswith(kept)
+    assert [r["task_id"] for r in read_results(out)] == ["t/0", "t/1", "t/2"]
+    assert json.loads((out / "summary.json").read_text())["job_prompts"] == 1
+    moved.write_text(moved.read_text().replace("Once upon a time", "Once upon a midnight"))
+    edited = runner.invoke(main, ["--config", str(config), "--quiet", "--set", f"data.path={moved}"])
+    assert edited.exit_code == 2 and "t/2" in edited.stderr and "prompt has changed" in edited.stderr
+
+
 def test_resume_after_a_prompt_changed_is_refused_unless_forced(job, tmp_path):
     """An edited prompt file under an unchanged config: the kept record of the edited task is stale, so
     the resume is refused (exit 2, naming the task); --force keeps the old record."""

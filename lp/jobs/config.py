@@ -82,11 +82,12 @@ JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
                      suffix_factor=8.0, suffix_tokens=32, suffix_min_score=0.1, job_cache=True)
 # keys whose value does not change any results.jsonl record, so a job directory may be resumed with a
 # config that differs only in these (see differences()): where results go and how they are checked, the
-# split, and which prompts run (a record is per task id, its prompt hash checked on resume, and the
-# summary counts the records of the prompts selected now)
+# split, and which prompts run, from where (a record is per task id, its prompt hash checked on resume,
+# and the summary counts the records of the prompts selected now; a moved prompt file resumes, while
+# data.source, which changes how an answer becomes a completion, does not)
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
                                  "distributed.backend", "distributed.timeout_s", "distributed.lp_size",
-                                 "data.offset", "data.limit"})
+                                 "data.offset", "data.limit", "data.path"})
 BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
