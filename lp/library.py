@@ -248,7 +248,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
-                                         generation.batch_size, seen, _row_processor(custom))]
+                                         generation.batch_size, seen, row_processor_of(custom))]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
@@ -323,7 +323,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
-                      row_processor=_row_processor(custom))
+                      row_processor=row_processor_of(custom))
     for r in results:
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
@@ -498,21 +498,47 @@ def _row_wise(p):
     return p
 
 
-def _row_processor(processors: Sequence) -> RowProcessor | None:
+def row_processor_of(processors: Sequence) -> RowProcessor | None:
     """The processors lp calls row by row, in their order, as one RowProcessor (None: none). A
-    prefix_allowed_tokens_fn gets the request's key as its batch id: the prompt's row in the batch, as
-    generate numbers it."""
+    prefix_allowed_tokens_fn gets the request's key as its batch id (the prompt's row in the batch, as
+    generate numbers it), and its lists come back as kept index tensors (AllowedIds)."""
     if not processors:
         return None
+    allowed = {i: AllowedIds(p._prefix_allowed_tokens_fn) for i, p in enumerate(processors)
+               if isinstance(p, PrefixConstrainedLogitsProcessor)}
 
     def process(key, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for p in processors:
-            if isinstance(p, PrefixConstrainedLogitsProcessor):    # each row of the call is request `key`'s
-                allowed = p._prefix_allowed_tokens_fn
-                p = PrefixConstrainedLogitsProcessor(lambda _, ids: allowed(key, ids), 1)
+        for i, p in enumerate(processors):
+            if i in allowed:      # transformers' own processor; each row of the call is request `key`'s
+                p = PrefixConstrainedLogitsProcessor(lambda _, ids, fn=allowed[i]: fn(key, ids), 1)
             scores = p(input_ids, scores)
         return scores
     return process
+
+
+class AllowedIds:
+    """A prefix_allowed_tokens_fn whose lists come back as index tensors, those of the last few distinct
+    lists kept. transformers' processor turns a list of ids into an index at every call (milliseconds for
+    most of a vocabulary), and lookahead calls it on every verified row, where many rows allow the same
+    ids (a fixed set, a grammar state many rows reach): those cost a list comparison. The index selects
+    what the list selects, so the scores are the processor's own; anything but a non-empty list passes
+    as it is (an empty one meets transformers' own error)."""
+
+    def __init__(self, fn, keep: int = 8):
+        self.fn, self.keep = fn, keep
+        self.kept: list[tuple[list, torch.Tensor]] = []      # (a copy of the list, its index), latest first
+
+    def __call__(self, batch_id: int, input_ids: torch.Tensor):
+        ids = self.fn(batch_id, input_ids)
+        if type(ids) is not list or not ids:
+            return ids
+        for i, (kept, index) in enumerate(self.kept):
+            if kept == ids:
+                self.kept.insert(0, self.kept.pop(i))
+                return index
+        index = torch.tensor(ids, device=input_ids.device)
+        self.kept = [(list(ids), index), *self.kept[:self.keep - 1]]
+        return index
 
 
 def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, object]:

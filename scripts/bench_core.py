@@ -67,6 +67,7 @@ from lp.jobs.config import DataSection
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
+from lp.library import row_processor_of
 from lp.models import ModelLoadError, load_model
 
 KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}
@@ -206,11 +207,10 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
     stock = load_model(model_name, dtype, device).model if kernels == "onednn" else model
     prompts = bench_prompts(data, data_path, chat, limit, tok)
     row_processor = None
-    if ban_chars:      # plain decoding gets the function, lookahead the same processor row by row
+    if ban_chars:      # plain decoding gets the function, lookahead the same processor row by row (as lp.generate)
         allowed = allowed_without(tok, ban_chars, eos)
         processors["prefix_allowed_tokens_fn"] = lambda batch_id, ids: allowed
-        constrained = PrefixConstrainedLogitsProcessor(processors["prefix_allowed_tokens_fn"], 1)
-        row_processor = lambda key, ids, scores: constrained(ids, scores)  # noqa: E731
+        row_processor = row_processor_of([PrefixConstrainedLogitsProcessor(processors["prefix_allowed_tokens_fn"], 1)])
     base = "sampling" if gen.sampling else "greedy"
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if gen.sampling else None
 

@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
     ForcedEOSTokenLogitsProcessor,
     EtaLogitsWarper,
     MinNewTokensLengthLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
     SuppressTokensAtBeginLogitsProcessor,
@@ -113,6 +114,16 @@ def allowed_after(batch_id, ids):
     if last % 4 == 0:
         return [(last + 7 + batch_id) % 64]
     return [t for t in range(64) if (t + last + batch_id) % 3]
+
+
+def allowed_in_a_buffer():
+    """allowed_after, handed back in one list that each call overwrites (the kept indexes must follow it)."""
+    buffer = []
+
+    def fn(batch_id, ids):
+        buffer[:] = allowed_after(batch_id, ids)
+        return buffer
+    return fn
 
 
 class Lift(LogitsProcessor):
@@ -218,7 +229,7 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(prefix_allowed_tokens_fn=allowed_after),
+    dict(prefix_allowed_tokens_fn=allowed_after), dict(prefix_allowed_tokens_fn=allowed_in_a_buffer()),
     dict(prefix_allowed_tokens_fn=allowed_after, suppress_tokens=[14, 30], begin_suppress_tokens=[1],
          repetition_penalty=1.2),
     dict(logits_processor=LogitsProcessorList([Lift()]), no_repeat_ngram_size=3),
@@ -236,6 +247,29 @@ def test_drop_in_calls_other_processors_row_by_row(model, kwargs):
         got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, batch_size=batch_size,
                     row_budget=False, **TREE, **kwargs)
         assert torch.equal(got, want), batch_size
+
+
+def test_allowed_ids_are_kept_indexes_of_the_same_ids():
+    """AllowedIds hands a list back as an index tensor selecting the same ids, the same tensor for an equal
+    list (no new index), a new one when a reused list changed; anything but a non-empty list as it is;
+    transformers' processor gives the same scores with it."""
+    buffer, calls = [], []
+
+    def fn(batch_id, ids):
+        calls.append(batch_id)
+        buffer[:] = [int(ids[-1]) % 5, 7] if int(ids[-1]) < 30 else list(range(40))
+        return buffer
+    allowed, ids = lp.library.AllowedIds(fn, keep=2), torch.tensor([3, 4])
+    first = allowed(0, ids)
+    assert first.tolist() == [4, 7] and allowed(1, torch.tensor([9, 4])) is first        # equal list: kept
+    assert allowed(0, torch.tensor([31])).tolist() == list(range(40))                    # the buffer changed
+    assert allowed(0, torch.tensor([2])).tolist() == [2, 7] and len(allowed.kept) == 2    # only the last two
+    assert allowed(0, torch.tensor([4])) is not first and calls == [0, 1, 0, 0, 0]
+    for other in ([], (1, 2), torch.tensor([1])):
+        assert lp.library.AllowedIds(lambda b, i, o=other: o)(0, ids) is other
+    scores, rows = torch.randn(3, 64), torch.tensor([[1, 4], [2, 33], [5, 9]])
+    want = PrefixConstrainedLogitsProcessor(fn, 1)(rows, scores)
+    assert torch.equal(PrefixConstrainedLogitsProcessor(lp.library.AllowedIds(fn), 1)(rows, scores), want)
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
