@@ -249,6 +249,16 @@ def test_drop_in_calls_other_processors_row_by_row(model, kwargs):
         assert torch.equal(got, want), batch_size
 
 
+def test_drop_in_forces_a_bos_after_a_one_token_prompt(model):
+    """forced_bos_token_id acts on a one-token input only (generate's cur_len == 1): called row by row, it
+    forces z*'s row of the first round and leaves deeper rows alone; the ids are generate's."""
+    ids = torch.tensor([[5]])
+    want = plain(model, ids, max_new_tokens=20, forced_bos_token_id=9)
+    assert int(want[0, 1]) == 9 and not torch.equal(want, plain(model, ids, max_new_tokens=20))
+    assert torch.equal(plain(model, ids, max_new_tokens=20, forced_bos_token_id=9, custom_generate=lp.lookahead,
+                             **TREE), want)
+
+
 def test_allowed_ids_are_kept_indexes_of_the_same_ids():
     """AllowedIds hands a list back as an index tensor selecting the same ids, the same tensor for an equal
     list (no new index), a new one when a reused list changed; anything but a non-empty list as it is;
