@@ -299,8 +299,13 @@ class Rounds:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
         if self.processors is not None:                 # each row's own penalty and EOS hold-back
             frame = self.processors.apply(frame, d, states, dev, v["tok"], ancestors)
+        processing = 0.0
         if self.row_processor is not None:              # then the caller's, each row after its own input
+            if self.device.type == "cuda":   # its calls read rows back anyway: their time is the host's
+                torch.cuda.synchronize(self.device)
+            processing = time.perf_counter()
             frame = process_by_input(frame, d, states, plans, self.row_processor)
+            processing = time.perf_counter() - processing
         predicted = frame.argmax(-1)                    # the window stays greedy whatever the sampling
         if ancestors is not None:   # z*'s row and the node frame's: what verification reads
             first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame[:, d:], predicted[:, d:],
@@ -315,7 +320,7 @@ class Rounds:
             reach = max(p.tree.max_depth for p in plans)      # no path is deeper than its tree
             publish(cache, v["dst"].scatter(1, slot, v["nslot"])[:, :reach], v["dst"][:, :reach], v["rows"])
         gathered = comm.all_gather(payload.flatten()).tolist()   # the round's one read
-        forward_seconds = time.perf_counter() - forward_start
+        forward_seconds = time.perf_counter() - forward_start - processing
 
         size = len(gathered[0]) // n
         for i, (state, plan) in enumerate(zip(states, plans)):

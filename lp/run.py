@@ -1,4 +1,5 @@
-"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh] [--check]`.
+"""Run a job: `python -m lp.run --config FILE.yaml [--set section.key=value ...] [--quiet] [--force | --fresh]
+[--check]`.
 
 The command line only: parse the flags, load and check the config (exit 2 on
 any problem), set up the process group, run the job (lp/jobs/runner.py) and

@@ -33,8 +33,8 @@ def test_single_node_checks_the_job_before_torchrun(tmp_path):
                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     bad = launch("--set", "distributed.lp_size=3")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert bad.stderr.splitlines()[1].strip() == \
-        "distributed.lp_size: 3 must divide the world size 2 (the workers form world_size / lp_size LP groups of lp_size)"
+    assert bad.stderr.splitlines()[1].strip() == ("distributed.lp_size: 3 must divide the world size 2 (the workers "
+                                                  "form world_size / lp_size LP groups of lp_size)")
     missing = launch("--set", f"data.path={tmp_path}/none.jsonl")
     assert missing.returncode == 1 and missing.stderr.startswith("error: prompt file not found"), missing.stderr
     assert "Traceback" not in missing.stderr

@@ -430,7 +430,8 @@ def test_generate_calls_processors_row_by_row(model):
         run = lambda **more: [upto_eos(model, r) for r in  # noqa: E731
                               plain(model, ids, mask, max_new_tokens=20, **more)[:, ids.shape[1]:].tolist()]
         want = run(**{k: LogitsProcessorList(v) if k == "logits_processor" else v for k, v in knobs.items()})
-        assert want != run(**{k: v for k, v in knobs.items() if k not in ("prefix_allowed_tokens_fn", "logits_processor")})
+        assert want != run(**{k: v for k, v in knobs.items()
+                              if k not in ("prefix_allowed_tokens_fn", "logits_processor")})
         for batch_size in (1, 3):
             got = lp.generate(model, PROMPTS, max_new_tokens=20, batch_size=batch_size, row_budget=False, **knobs,
                               **TREE)
@@ -439,8 +440,10 @@ def test_generate_calls_processors_row_by_row(model):
         lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=allowed_after, forced_eos_token_id=3)
     with pytest.raises(ValueError, match=r"prefix_allowed_tokens_fn must be a function"):
         lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=[1, 2])
-    with pytest.raises(ValueError, match=r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) exactly: it reads more than"):
-        lp.generate(model, PROMPTS[0], logits_processor=[EncoderNoRepeatNGramLogitsProcessor(2, torch.tensor([[1, 2]]))])
+    encoder = EncoderNoRepeatNGramLogitsProcessor(2, torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match=r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) "
+                                         r"exactly: it reads more than"):
+        lp.generate(model, PROMPTS[0], logits_processor=[encoder])
 
 
 def test_generate_drafts_from_earlier_completions_and_batches(model, monkeypatch):

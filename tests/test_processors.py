@@ -2,6 +2,7 @@
 verified row processed as generate would process it after that row's own input, so greedy output is
 generate's (float64) and sampled output a plain sampling loop's with the same draws."""
 import random
+import time
 
 import pytest
 import torch
@@ -348,6 +349,19 @@ def test_a_callers_row_processor_is_a_plain_loops(model, gen):
                                     eos_token_ids=eos, sampling_on_device=on_device, row_processor=lift_after_last))
             assert [got[i].token_ids for i in range(len(PROMPTS))] == want, (params, on_device)
     assert multi > 5
+
+
+def test_a_row_processors_time_is_host_time(model):
+    """The calls of a caller's row processor count as the round's host time (host_seconds), not as the
+    forward's: a processor that sleeps 5 ms a call adds at least that per call."""
+    calls = []
+
+    def slow(key, ids, scores):
+        calls.append(len(ids))
+        time.sleep(0.005)
+        return scores
+    r = lookahead_generate(model, PROMPTS[0], CONFIGS[0], GenerationParams(8), row_processor=slow)
+    assert len(calls) > r.forwards and r.host_seconds >= 0.005 * len(calls)
 
 
 def test_a_row_processor_must_return_scores(model):

@@ -41,7 +41,8 @@ class GenerationResult:
     batch_per_round: list[int] = field(default_factory=list)      # requests in the forward (decode_batch)
     fed_rows_per_round: list[int] = field(default_factory=list)   # rows per request in it, padding included
     decode_seconds: float = 0.0     # from the request's first round to its last (its latency in a batch)
-    host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload
+    host_seconds: float = 0.0       # round time outside forward -> verification -> gathered payload (a
+    #                                 caller's row processor inside it counted as host time)
     collectives: int = 0            # step-loop collectives (0 with one worker)
     bytes_moved: int = 0
 
