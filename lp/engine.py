@@ -33,7 +33,7 @@ from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
 from lp.decode.processors import Processors, RowProcessor, SeenPrompt, process_by_input
-from lp.decode.request import (GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound,
+from lp.decode.request import (GenerationResult, RequestState, RoundPlan, StopTest, cache_need, round_rows_bound,
                                window_seed)
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
@@ -65,6 +65,7 @@ def lookahead_generate(
     streamer=None,
     seen_prompt: SeenPrompt | None = None,
     row_processor: RowProcessor | None = None,
+    stop_when: StopTest | None = None,
 ) -> GenerationResult:
     """Decode `input_ids` with lookahead: greedy, or exact sampling when
     `generation.temperature` > 0 (`request` names the request in the random
@@ -82,15 +83,15 @@ def lookahead_generate(
     (put / end) gets each round's committed tokens as the round commits them, then `end()`; the
     prompt is the caller's to put, as `generate` puts it before decoding. `seen_prompt`: the prompt
     as generate's processors see it (lp.decode.processors.SeenPrompt; default: `input_ids`);
-    `row_processor`: the caller's own processing of every verified row (decode_batch; its key is
-    `request`). This is `decode_batch` with one request."""
+    `row_processor` and `stop_when`: the caller's own processing of every verified row and stopping test
+    (decode_batch; the key is `request`). This is `decode_batch` with one request."""
     if not len(input_ids):
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
     (_, result), = decode_batch(model, [(request, input_ids, request, seen_prompt)], lookahead, generation,
                                 eos_token_ids=eos_token_ids, tokenizer=tokenizer, comm=comm, corpus=corpus,
                                 compile_mode=compile_mode,
                                 sampling_on_device=sampling_on_device, streamer=streamer,
-                                row_processor=row_processor)
+                                row_processor=row_processor, stop_when=stop_when)
     if isinstance(result, Exception):
         raise result
     return result
@@ -132,6 +133,7 @@ def decode_batch(
     row_cost: Callable[[int, int], float] | None = None,
     draft_cost: float = 0.0,
     row_processor: RowProcessor | None = None,
+    stop_when: StopTest | None = None,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
     """Decode `prompts` ((key, prompt ids, request) each, `request` naming it in the sampling draws; or
     (key, prompt ids, request, the prompt as generate's processors see it: a SeenPrompt))
@@ -151,7 +153,9 @@ def decode_batch(
     drafting, `draft_cost` host seconds per request (lp.measure.cost_model.draft_time). `row_processor`
     (key, input ids, scores) -> scores processes every verified row after generate's processors lp
     applies itself and before the warpers (lp.decode.processors.process_by_input): exact for a
-    processor that treats each row on its own."""
+    processor that treats each row on its own. `stop_when` (key, seen prompt + output) -> bool ends a
+    request at the committed token after which it first returns True (finish reason "stop"), as
+    generate's stopping criteria end a row."""
     check(lookahead, generation)
     kinds = check_model(model)      # each layer type's attention rule; refuses what cannot be exact
     if compile_mode not in COMPILE_MODES:
@@ -190,7 +194,7 @@ def decode_batch(
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
                              streamer=streamer, ceiling=ceiling, reencode_at=reencode_at,
-                             seen_prompt=seen_prompt)
+                             seen_prompt=seen_prompt, stop_when=stop_when)
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:

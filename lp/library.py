@@ -18,15 +18,16 @@ config's names and defaults (`window`, `ngram`, ..., `suffix_factor`: `lp.jobs.c
 and `batch_size`, the rows decoded per forward (1: one at a time).
 What it cannot do exactly it refuses, naming the option: beam search, assisted decoding, logits
 processors that read more than their own rows (guidance, the encoder processors) or that generate orders
-where lp cannot, stopping criteria other than the length and EOS ones, scores or hidden states in the
-output.
+where lp cannot, stopping criteria that read the time or the scores, scores or hidden states in the
+output. Other stopping criteria (a `StopStringCriteria`, your own) are tested after each committed token
+on the row's input ids, with no scores, and end the row where generate's would.
 
 transformers 5.17-5.24 do not pass `streamer`, `tokenizer` or `assistant_model` to a callable
 `custom_generate` (they keep them for their own decoding methods): `lookahead` reads the streamer and the
 assistant model off the `generate` call that called it (`_generate_call`), so a `TextStreamer` prints
 what it prints with `generate`, and an assistant model is refused; `stop_strings` cannot reach it
-(transformers refuses them without the tokenizer before it calls `lookahead`): `generate` below takes
-them.
+(transformers refuses them without the tokenizer before it calls `lookahead`): a StopStringCriteria in
+`stopping_criteria` does, and `generate` below takes them.
 
 `generate` decodes one prompt or many (text with a tokenizer, or token ids), with stop strings, a
 streamer that receives each round's committed tokens as the round commits them, and several prompts
@@ -74,6 +75,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
+from lp.decode.request import StopTest
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
@@ -97,6 +99,8 @@ _APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRep
             NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
 _STOPS = (MaxLengthCriteria, EosTokenCriteria)
+# stopping criteria that read more than a row's input ids: the time, or the scores lp does not keep per token
+_NOT_ID_STOPS = frozenset({"MaxTimeCriteria", "ConfidenceCriteria"})
 # generate's processors that read more than a row's own input ids and scores (the batch's other rows, the
 # encoder's input, the model, their own earlier calls): lp cannot call them row by row
 _NOT_ROW_WISE = frozenset({"UnbatchedClassifierFreeGuidanceLogitsProcessor", "ClassifierFreeGuidanceLogitsProcessor",
@@ -211,10 +215,11 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     processing, ignored, custom = _processing(
         [p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
-    for criterion in stopping_criteria or []:
-        if not isinstance(criterion, _STOPS):
-            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it "
-                             f"stops at max_new_tokens / max_length and eos_token_id")
+    stops = [c for c in stopping_criteria or [] if not isinstance(c, _STOPS)]   # max_length and EOS: lp's own
+    for criterion in stops:
+        if type(criterion).__name__ in _NOT_ID_STOPS:
+            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it reads the "
+                             f"time or the scores, and lp tests each committed token on its input ids alone")
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
@@ -248,7 +253,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
-                                         generation.batch_size, seen, row_processor_of(custom))]
+                                         generation.batch_size, seen, row_processor_of(custom),
+                                         _stop_test(stops, input_ids.device))]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
@@ -332,9 +338,10 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
 
 def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation: GenerationParams, eos: list[int],
             tokenizer, streamer, batch_size: int, seen: list[SeenPrompt] | None = None,
-            row_processor: RowProcessor | None = None) -> list[GenerationResult]:
+            row_processor: RowProcessor | None = None, stop_when: StopTest | None = None) -> list[GenerationResult]:
     """Every prompt decoded (the k-th as request k, with key k, `seen[k]` what generate's processors see of
-    it, `row_processor` the processors called row by row), one result each in prompt order: each drafts
+    it, `row_processor` the processors called row by row, `stop_when` the stopping criteria tested after
+    each committed token), one result each in prompt order: each drafts
     from the completions that ended before it starts (the call's job cache), and with `batch_size` > 1 up
     to that many share each forward, with the row budget where `params` asks for it."""
     corpus = completions_index(params)
@@ -345,11 +352,11 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
         outcomes = decode_batch(model, ((k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
                                 generation, batch_size=width, prompt_tokens=max(map(len, prompts)),
                                 eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, row_processor=row_processor,
-                                **budget_kwargs(costs))
+                                stop_when=stop_when, **budget_kwargs(costs))
     else:
         outcomes = ((k, lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
                                            request=k, streamer=streamer, seen_prompt=s, corpus=corpus,
-                                           row_processor=row_processor))
+                                           row_processor=row_processor, stop_when=stop_when))
                     for k, (ids, s) in enumerate(zip(prompts, seen)))
     out: dict[int, GenerationResult] = {}
     for k, r in outcomes:         # in the order they end; each completion joins the corpus then
@@ -483,6 +490,19 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
         key, value = list(_WARPERS.values())[kind]
         warped[key] = value(p)
     return {**warped, **fields}, ignored, custom
+
+
+def _stop_test(criteria: Sequence, device: torch.device) -> StopTest | None:
+    """generate's stopping criteria (other than max_length and EOS) as one StopTest: each called with the
+    request's input ids as generate's criteria see them ([1, L] on `device`) and no scores; any True ends
+    the request there, as it ends generate's row."""
+    if not criteria:
+        return None
+
+    def stop(key, ids: list[int]) -> bool:
+        row = torch.tensor([ids], dtype=torch.long, device=device)
+        return any(bool(torch.as_tensor(c(row, None)).any()) for c in criteria)
+    return stop
 
 
 def _row_wise(p):

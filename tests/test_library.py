@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
+from transformers.generation.stopping_criteria import ConfidenceCriteria, StopStringCriteria
 from transformers.generation.logits_process import (
     EncoderNoRepeatNGramLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -169,7 +170,8 @@ class Lift(LogitsProcessor):
      r"holds back \[4\]"),
     (dict(max_time=30.0), r"MaxTimeCriteria \(max_time\)"),
     (dict(output_scores=True, return_dict_in_generate=True), "scores"),
-    (dict(stopping_criteria=StoppingCriteriaList([Never()])), "stopping criterion Never"),
+    (dict(stopping_criteria=StoppingCriteriaList([ConfidenceCriteria(0.5)])),
+     r"stopping criterion ConfidenceCriteria: it reads the time or the scores"),
     (dict(ngram=2), "lookahead.ngram"),
 ])
 def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
@@ -246,6 +248,28 @@ def test_drop_in_calls_other_processors_row_by_row(model, kwargs):
     for batch_size in (1, 3):
         got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, batch_size=batch_size,
                     row_budget=False, **TREE, **kwargs)
+        assert torch.equal(got, want), batch_size
+
+
+class RepeatAtTwo(StoppingCriteria):
+    """A user's criterion on the input ids alone: stop once a row's last token repeats the one two back."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == input_ids[:, -3]
+
+
+def test_drop_in_tests_other_stopping_criteria_after_each_token(model):
+    """A stopping criterion on the input ids (a user's; Never, which never stops) is tested after each
+    committed token, inside accepted multi-token rounds too: on a left-padded batch, one row and three per
+    forward, the ids are generate's, rows ending early padded as generate pads them; the criterion ends
+    some rows early."""
+    ids, mask = left_padded(PROMPTS)
+    criteria = StoppingCriteriaList([Never(), RepeatAtTwo()])
+    want = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria)
+    assert want.shape[1] < plain(model, ids, mask, max_new_tokens=30).shape[1]
+    for batch_size in (1, 3):
+        got = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead,
+                    batch_size=batch_size, row_budget=False, **TREE)
         assert torch.equal(got, want), batch_size
 
 
@@ -570,6 +594,21 @@ def test_readme_library_example_runs_as_written(capsys):
     assert len(scope["results"]) == 2 and all(r.new_tokens >= 1 for r in scope["results"])
     printed = capsys.readouterr().out
     assert tokenizer.decode(out[0][ids.shape[1]:]) in printed
+
+
+def test_drop_in_stops_at_a_stop_string_criterion_as_generate(smollm2_f64):
+    """transformers' StopStringCriteria (generate refuses stop_strings for a callable custom_generate, which
+    it gives no tokenizer; the criterion itself reaches lp) ends the embedded model's rows where it ends
+    generate's, in float64, the stop string inside a multi-token round or not."""
+    model, tokenizer = smollm2_f64.model, smollm2_f64.tokenizer
+    prompts = [tokenizer.encode("def fibonacci(n):"), tokenizer.encode("class Stack:\n    def push(self, x):")]
+    ids, mask = left_padded(prompts, model.generation_config.pad_token_id)
+    criteria = StoppingCriteriaList([StopStringCriteria(tokenizer, ["return", "self."])])
+    want = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, stopping_criteria=criteria)
+    assert want.shape[1] < ids.shape[1] + 40          # the stop strings end both rows early
+    got = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, stopping_criteria=criteria,
+                         custom_generate=lp.lookahead, window=4, ngram=4, guesses=4, lookup_candidates=2)
+    assert torch.equal(got, want)
 
 
 def test_drop_in_on_the_embedded_model_in_float64(smollm2_f64):

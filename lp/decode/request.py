@@ -20,6 +20,8 @@ import torch
 from lp.decode.layout import Round, build_round
 from lp.decode.params import GenerationParams, LookaheadParams
 from lp.decode.processors import RowBans, SeenPrompt
+# a caller's stopping test: (request key, its input as generate's criteria see it: seen prompt + output) -> stop
+StopTest = Callable[[Any, list[int]], bool]
 from lp.decode.propose import Proposer
 from lp.decode.sampling import Draws
 from lp.decode.stopping import StopChecker
@@ -90,7 +92,7 @@ class RequestState:
                  request: str | int = 0, leader: bool = True, corpus: SuffixIndex | None = None,
                  eos_token_ids: Sequence[int] = (), tokenizer=None, row: int = 0, streamer=None,
                  ceiling: Callable[[int], int | None] = lambda position: None, reencode_at: int | None = None,
-                 seen_prompt: SeenPrompt | None = None):
+                 seen_prompt: SeenPrompt | None = None, stop_when: StopTest | None = None):
         self.key, self.row, self.streamer, self.ceiling = key, row, streamer, ceiling
         self.reencode_at = reencode_at   # lp.decode.arch.reencode_position: where generate re-encodes everything
         self.max_new_tokens = generation.max_new_tokens
@@ -98,7 +100,10 @@ class RequestState:
         n, w = lookahead.ngram, lookahead.window
         self.proposer = Proposer(lookahead, self.prompt, corpus) if leader else None
         self.window = JacobiWindow.seeded(n, w, window_seed(self.prompt, w + n - 3)) if w else None
-        self.stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
+        seen_prompt = seen_prompt or SeenPrompt(self.prompt)
+        self.seen_prompt = [int(t) for t in seen_prompt.ids]
+        criterion = (lambda output: stop_when(key, self.seen_prompt + output)) if stop_when is not None else None
+        self.stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer, criterion)
         self.draws = Draws(generation.seed, request)
         self.tokens = list(self.prompt)      # committed: prompt + output
         self.ordinary = list(self.prompt)    # committed but not yet in the cache
@@ -106,12 +111,10 @@ class RequestState:
         # generate's processors (lp/decode/processors.py) see `seen_prompt` (default: the prompt), then the
         # output: the repetition penalty's tokens not yet on the device and the device's presence row of
         # the others; the n-grams and bad words on the host
-        seen_prompt = seen_prompt or SeenPrompt(self.prompt)
         self.penalizes = generation.repetition_penalty != 1.0
         self.unseen = [int(t) for t in seen_prompt.ids[seen_prompt.penalty_start:]] if self.penalizes else []
         self.seen: torch.Tensor | None = None
         self.bans = RowBans(generation, seen_prompt.ids) if RowBans.wanted(generation) else None
-        self.seen_prompt = [int(t) for t in seen_prompt.ids]
         self.result = GenerationResult([], None, "", 0)
         self.started = time.perf_counter()
         self._fit_window()

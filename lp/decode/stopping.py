@@ -1,7 +1,7 @@
-"""When a request ends: EOS ids, max_new_tokens, stop strings on decoded text."""
+"""When a request ends: EOS ids, max_new_tokens, stop strings on decoded text, a caller's test."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 class StopChecker:
@@ -13,10 +13,12 @@ class StopChecker:
     Stop strings: matched on the decoded text of all generated tokens, so a
     stop string may span token boundaries; the ids keep the token that
     completed the match and `text` is cut right before the stop string.
+    A caller's `criterion` (the generate drop-in's stopping criteria) sees the output after each token
+    and ends it at that token ("stop") when it returns True.
     """
 
     def __init__(self, eos_token_ids: Sequence[int], max_new_tokens: int,
-                 stop: Sequence[str] = (), tokenizer=None):
+                 stop: Sequence[str] = (), tokenizer=None, criterion: Callable[[list[int]], bool] | None = None):
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode the output")
         if any(not s for s in stop):
@@ -25,6 +27,7 @@ class StopChecker:
         self.max_new_tokens = max_new_tokens
         self.stop = tuple(stop)
         self.tokenizer = tokenizer
+        self.criterion = criterion
         self.tokens: list[int] = []
         self.reason: str | None = None
         self._cut: int | None = None
@@ -36,6 +39,8 @@ class StopChecker:
         if token in self.eos:
             self.reason = "eos"
         elif self.stop and self._find_stop() is not None:
+            self.reason = "stop"
+        elif self.criterion is not None and self.criterion(self.tokens):
             self.reason = "stop"
         elif len(self.tokens) >= self.max_new_tokens:
             self.reason = "length"
