@@ -273,7 +273,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
              suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (),
              sequence_bias: Mapping | Sequence = (), forced_eos_token_id: int | Sequence[int] = (), seed: int = 0,
-             prefix_allowed_tokens_fn=None, logits_processor: Sequence = (), streamer=None, batch_size: int = 1,
+             prefix_allowed_tokens_fn=None, logits_processor: Sequence = (), stopping_criteria: Sequence = (),
+             streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
@@ -281,7 +282,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's);
     `prefix_allowed_tokens_fn` (batch id: the prompt's index) and `logits_processor` (after the knobs'
     processors, before the warpers, as generate merges a custom list) are called row by row, exact for
-    processors that treat each row on its own; a
+    processors that treat each row on its own; `stopping_criteria` are tested after each committed token on
+    the prompt and output (no scores), as the drop-in tests them; a
     `streamer` (one prompt only, as generate's) gets the prompt, then each round's committed tokens.
     lp's own options are keyword arguments with the job config's names and defaults. As in a job, each
     prompt drafts from the call's earlier completions too (`job_cache`), and `batch_size` > 1 decodes up
@@ -326,10 +328,16 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
             raise ValueError("lp.generate applies forced_eos_token_id before the processors it calls row by row; "
                              "it cannot apply it after prefix_allowed_tokens_fn")
         custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
+    stops = list(stopping_criteria or ())
+    for criterion in stops:
+        if type(criterion).__name__ in _NOT_ID_STOPS or not callable(criterion):
+            raise ValueError(f"lp.generate cannot apply the stopping criterion {_named(criterion)}: it tests each "
+                             f"committed token on the input ids alone (no time or scores)")
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
-                      row_processor=row_processor_of(custom))
+                      row_processor=row_processor_of(custom),
+                      stop_when=_stop_test(stops, next(model.parameters()).device))
     for r in results:
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)

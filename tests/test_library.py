@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
-from transformers.generation.stopping_criteria import ConfidenceCriteria, StopStringCriteria
+from transformers.generation.stopping_criteria import ConfidenceCriteria, MaxTimeCriteria, StopStringCriteria
 from transformers.generation.logits_process import (
     EncoderNoRepeatNGramLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -271,6 +271,23 @@ def test_drop_in_tests_other_stopping_criteria_after_each_token(model):
         got = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead,
                     batch_size=batch_size, row_budget=False, **TREE)
         assert torch.equal(got, want), batch_size
+
+
+def test_generate_tests_stopping_criteria_after_each_token(model):
+    """lp.generate's stopping_criteria end each prompt where generate's end it (one prompt per call there),
+    one prompt and three per forward; a time criterion is refused."""
+    want = [upto_eos(model, plain(model, torch.tensor([p]), max_new_tokens=30,
+                                  stopping_criteria=StoppingCriteriaList([RepeatAtTwo()]))[0, len(p):].tolist())
+            for p in PROMPTS]
+    assert sum(map(len, want)) < sum(len(upto_eos(model, plain(model, torch.tensor([p]), max_new_tokens=30)[0, len(p):]
+                                                  .tolist())) for p in PROMPTS)
+    for batch_size in (1, 3):
+        got = lp.generate(model, PROMPTS, max_new_tokens=30, stopping_criteria=[RepeatAtTwo()], batch_size=batch_size,
+                          row_budget=False, **TREE)
+        assert [r.token_ids for r in got] == want, batch_size
+        assert {r.finish_reason for r in got} >= {"stop"}
+    with pytest.raises(ValueError, match=r"cannot apply the stopping criterion MaxTimeCriteria"):
+        lp.generate(model, PROMPTS[0], stopping_criteria=[MaxTimeCriteria(5.0)])
 
 
 def test_drop_in_forces_a_bos_after_a_one_token_prompt(model):
