@@ -216,10 +216,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         [p for p in logits_processor or [] if not _no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
     stops = [c for c in stopping_criteria or [] if not isinstance(c, _STOPS)]   # max_length and EOS: lp's own
-    for criterion in stops:
-        if type(criterion).__name__ in _NOT_ID_STOPS:
-            raise ValueError(f"lp.lookahead cannot apply the stopping criterion {_named(criterion)}: it reads the "
-                             f"time or the scores, and lp tests each committed token on its input ids alone")
+    stop_when = _stop_test(stops, input_ids.device)
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
@@ -253,8 +250,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
-                                         generation.batch_size, seen, row_processor_of(custom),
-                                         _stop_test(stops, input_ids.device))]
+                                         generation.batch_size, seen, row_processor_of(custom), stop_when)]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
     for b, ids in enumerate(rows):
@@ -328,16 +324,12 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
             raise ValueError("lp.generate applies forced_eos_token_id before the processors it calls row by row; "
                              "it cannot apply it after prefix_allowed_tokens_fn")
         custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
-    stops = list(stopping_criteria or ())
-    for criterion in stops:
-        if type(criterion).__name__ in _NOT_ID_STOPS or not callable(criterion):
-            raise ValueError(f"lp.generate cannot apply the stopping criterion {_named(criterion)}: it tests each "
-                             f"committed token on the input ids alone (no time or scores)")
+    stop_when = _stop_test(list(stopping_criteria or ()), next(model.parameters()).device)
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
                       row_processor=row_processor_of(custom),
-                      stop_when=_stop_test(stops, next(model.parameters()).device))
+                      stop_when=stop_when)
     for r in results:
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
@@ -503,7 +495,11 @@ def _processing(processors, do_sample: bool, shape: tuple[int, int],
 def _stop_test(criteria: Sequence, device: torch.device) -> StopTest | None:
     """generate's stopping criteria (other than max_length and EOS) as one StopTest: each called with the
     request's input ids as generate's criteria see them ([1, L] on `device`) and no scores; any True ends
-    the request there, as it ends generate's row."""
+    the request there, as it ends generate's row. Refuses criteria that read the time or the scores."""
+    for criterion in criteria:
+        if type(criterion).__name__ in _NOT_ID_STOPS or not callable(criterion):
+            raise ValueError(f"lp cannot apply the stopping criterion {_named(criterion)}: it reads the time or the "
+                             f"scores, and lp tests each committed token on its input ids alone")
     if not criteria:
         return None
 
