@@ -301,6 +301,7 @@ class Rounds:
         ancestors = None
         if nodes or self.warp is not None or self.processors is not None:
             ancestors = seen[:, shape.q - nodes:].gather(2, v["nslot"][:, None, :].expand(n, nodes, nodes))
+        logits_frame = frame
         if self.processors is not None:                 # each row's own penalty and EOS hold-back
             frame = self.processors.apply(frame, d, states, dev, v["tok"], ancestors)
         processing = 0.0
@@ -308,7 +309,8 @@ class Rounds:
             if self.device.type == "cuda":   # its calls read rows back anyway: their time is the host's
                 torch.cuda.synchronize(self.device)
             processing = time.perf_counter()
-            frame = process_by_input(frame, d, states, plans, self.row_processor)
+            frame = process_by_input(frame, d, states, plans, self.row_processor,   # eager logits are ours
+                                     writable=self.compiled is None or frame is not logits_frame)
             processing = time.perf_counter() - processing
         predicted = frame.argmax(-1)                    # the window stays greedy whatever the sampling
         if ancestors is not None:   # z*'s row and the node frame's: what verification reads

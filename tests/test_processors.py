@@ -3,6 +3,7 @@ verified row processed as generate would process it after that row's own input, 
 generate's (float64) and sampled output a plain sampling loop's with the same draws."""
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from transformers.generation.logits_process import (
     SuppressTokensLogitsProcessor,
 )
 
-from lp.decode.processors import Processors, RowBans, SeenPrompt, process_rows
+from lp.decode.processors import Processors, RowBans, SeenPrompt, process_by_input, process_rows
 from lp.decode.sampling import Draws, distribution, sample, warpers
 from lp.decode.tree import tree_of
 from lp.decode.verify import frame_ancestors, node_frame
@@ -362,6 +363,51 @@ def test_a_row_processors_time_is_host_time(model):
         return scores
     r = lookahead_generate(model, PROMPTS[0], CONFIGS[0], GenerationParams(8), row_processor=slow)
     assert len(calls) > r.forwards and r.host_seconds >= 0.005 * len(calls)
+
+
+def test_a_row_processor_writes_the_frame_only_where_it_may(model):
+    """process_by_input writes its rows back into a writable float frame (no copy of the whole frame
+    each round), into a copy otherwise; half-precision frames are processed in float32 either way."""
+    frame = torch.randn(1, 5, 16, dtype=torch.float64)
+    deep = 2       # two window cells, z*'s row, then a path of two nodes
+    state = SimpleNamespace(seen_tokens=[1, 2, 3], key=0)
+    plan = SimpleNamespace(tree=tree_of([[5, 6]]), nodes=[0, 1])
+
+    def ban_first(key, ids, scores):
+        return scores.index_fill(1, torch.tensor([0]), float("-inf"))
+    kept = frame.clone()
+    copied = process_by_input(frame, deep, [state], [plan], ban_first)
+    assert torch.equal(frame, kept) and copied.data_ptr() != frame.data_ptr()
+    assert (copied[0, deep:, 0] == float("-inf")).all() and torch.equal(copied[0, :deep], kept[0, :deep])
+    written = process_by_input(frame, deep, [state], [plan], ban_first, writable=True)
+    assert written.data_ptr() == frame.data_ptr() and torch.equal(written, copied)
+    half = kept.bfloat16()
+    assert process_by_input(half, deep, [state], [plan], ban_first, writable=True).dtype == torch.float32
+    assert torch.equal(half, kept.bfloat16())
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_compiled_rounds_never_write_the_models_logits(model, monkeypatch, penalty):
+    """A compiled forward's logits (a CUDA graph's own outputs) are never written by a caller's row
+    processor: it writes into lp's processed copy when generate's processors made one, else into its
+    own; the ids stay a plain loop's."""
+    import lp.engine as engine
+
+    outputs = []
+
+    def compiled(m, mode):
+        def call(**kwargs):
+            out = m(**kwargs)
+            outputs.append((out.logits, out.logits.clone()))
+            return out
+        return None if mode == "off" else call
+    monkeypatch.setattr(engine, "compiled_forward", compiled)
+    gen = GenerationParams(NEW, repetition_penalty=penalty)
+    want = plain_processed_sampling(model, PROMPTS[0], gen, 0, [2], lift_after_last)
+    r = lookahead_generate(model, PROMPTS[0], CONFIGS[1], gen, request=0, eos_token_ids=[2],
+                           row_processor=lift_after_last, compile_mode="default")
+    assert r.token_ids == want and len(outputs) == r.forwards
+    assert all(torch.equal(logits, kept) for logits, kept in outputs)
 
 
 def test_a_row_processor_must_return_scores(model):

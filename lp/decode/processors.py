@@ -363,14 +363,17 @@ class Processors:
 
 
 def process_by_input(frame: torch.Tensor, deep: int, states: Sequence[RequestState], plans: Sequence[RoundPlan],
-                     process: RowProcessor) -> torch.Tensor:
+                     process: RowProcessor, writable: bool = False) -> torch.Tensor:
     """`frame` [n, D + 1 + N, V] with a caller's `process` applied to every verified row, after lp's own
     processors: called once per request and depth with the request's key, those rows' input ids as
     generate's processors see them ([m, L] on the frame's device: the request's seen prompt and output,
     then the node's path, itself included) and their scores ([m, V], float32 as generate processes
     them, float64 as lp's own), it returns their processed scores. The window's cells stay as they were
-    (they only propose); the model's logits are never written."""
-    out = frame.float() if frame.dtype not in (torch.float32, torch.float64) else frame.clone()
+    (they only propose). The rows are written back into `frame` itself when it is `writable` (lp's own
+    processed copy, or an eager forward's logits, which nothing else reads; a CUDA graph's outputs are
+    its own) and it is float32 or float64, else into a copy."""
+    exact = frame.dtype in (torch.float32, torch.float64)
+    out = frame if exact and writable else frame.clone() if exact else frame.float()
     for i, (state, plan) in enumerate(zip(states, plans)):
         tree = plan.tree
         seen = torch.tensor(state.seen_tokens, dtype=torch.long, device=out.device)
