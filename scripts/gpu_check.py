@@ -31,7 +31,9 @@ order (Plan.stages):
 - exact/<model>: in float32 with TF32 off, lookahead's ids against `generate`'s, and for each
   difference the first differing position and the reference's top-2 logit margin there; then
   both again with generate's processors (PROCESSED: the ids, and whether the processors changed
-  them), and lookahead sampling with generate's warpers (SAMPLED: its S and host syncs per round);
+  them), lookahead sampling with generate's warpers (SAMPLED: its S and host syncs per round), and a
+  prefix_allowed_tokens_fn called row by row as lp.generate calls it (residue_constraint, against
+  transformers' own `generate` with it: the ids, time per round and host syncs);
 - profile/<model>: torch.profiler over a few rounds: kernels and summed kernel time per round next
   to the wall time per round (on the CPU: CPU ops, "activity": "cpu");
 - lp-p2/<model>, lp-p4/<model>: LP with 2 and 4 ranks on the one GPU (LP_SHARED_DEVICE=1: every rank
@@ -158,6 +160,7 @@ PROFILE_TOKENS = 32   # new tokens of a profiled decode (a few rounds)
 # host's n-gram bans, the EOS hold-back and a suppressed token), and a sampled pass with its warpers
 PROCESSED = dict(repetition_penalty=1.2, no_repeat_ngram_size=3, min_new_tokens=4, suppress_tokens=(1,))
 SAMPLED = dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.01, typical_p=0.95, eta_cutoff=0.0005, seed=1)
+CONSTRAINT_STATES = 7   # the row-processor pass: a prefix_allowed_tokens_fn with this many states
 SYNC_WARNING = "synchronizing CUDA operation"   # torch.cuda.set_sync_debug_mode("warn")'s message
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "GROUP_RANK", "TORCHELASTIC_RUN_ID")
@@ -413,9 +416,9 @@ def run_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool, 
 
 
 def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dict, cuda: bool,
-                  compile_mode: str = "off", comm=None, generation: dict | None = None) -> dict:
-    """lookahead_generate over `prompts` (with `generation`'s GenerationParams keys), each round timed on
-    the device and against the wall."""
+                  compile_mode: str = "off", comm=None, generation: dict | None = None, row_processor=None) -> dict:
+    """lookahead_generate over `prompts` (with `generation`'s GenerationParams keys and a caller's
+    `row_processor`), each round timed on the device and against the wall."""
     from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 
     marks, out, results = Marks(cuda), {}, []
@@ -427,7 +430,7 @@ def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dic
                                               GenerationParams(new_tokens, **(generation or {})),
                                               eos_token_ids=loaded.eos_token_ids,
                                               tokenizer=loaded.tokenizer, comm=comm, request=k,
-                                              compile_mode=compile_mode))
+                                              compile_mode=compile_mode, row_processor=row_processor))
     sync(cuda)
     tokens = sum(r.new_tokens for r in results)
     rounds = sum(r.forwards for r in results)
@@ -440,6 +443,35 @@ def run_lookahead(loaded, prompts: list[list[int]], new_tokens: int, params: dic
     fig.update(out)
     fig["host_syncs_per_round"] = None if out["host_syncs"] is None else out["host_syncs"] / rounds
     fig["token_ids"] = [r.token_ids for r in results]
+    return fig
+
+
+def residue_constraint(vocab: int, states: int = CONSTRAINT_STATES):
+    """A prefix_allowed_tokens_fn as a grammar makes one: the row's last token picks one of `states`
+    states, and a state allows every id but those congruent to it (lists of most of the vocabulary).
+    It reads the row's ids as a user's function does (on CUDA, a host sync per call)."""
+    lists = [[t for t in range(vocab) if t % states != r] for r in range(states)]
+    return lambda batch_id, ids: lists[int(ids[-1]) % states]
+
+
+def run_constrained_generate(loaded, prompts: list[list[int]], new_tokens: int, cuda: bool, fn) -> dict:
+    """transformers' own greedy `generate` with `prefix_allowed_tokens_fn=fn`, one prompt at a time: the
+    reference for lookahead with the same function called row by row."""
+    fig, ids_out, seconds = {}, [], 0.0
+    with counted_syncs(cuda, fig):
+        for ids in prompts:
+            x = torch.tensor([ids], device=loaded.model.device)
+            sync(cuda)
+            t = time.perf_counter()
+            out = loaded.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                        prefix_allowed_tokens_fn=fn, eos_token_id=list(loaded.eos_token_ids),
+                                        pad_token_id=0)
+            sync(cuda)
+            seconds += time.perf_counter() - t
+            ids_out.append(out[0, len(ids):].tolist())
+    tokens = sum(len(ids) for ids in ids_out)
+    fig.update(tokens=tokens, seconds=seconds, ms_per_token=1000 * seconds / tokens, token_ids=ids_out)
+    fig["host_syncs_per_token"] = None if fig["host_syncs"] is None else fig["host_syncs"] / tokens
     return fig
 
 
@@ -1156,9 +1188,9 @@ class Stages:
             return None
         load, gen, look, how = rates
         k, p, new = self.plan.inprocess_prompts, self.plan.prompts, self.plan.new_tokens
-        if kind == "exact":       # float32: twice the bytes per token; plain, processed, and a sampled lookahead
-            return (2 * (load + (3 * look + 2 * gen) * k * new),
-                    f"2 x ({how}: load + {k} x {new} tokens of both twice and of lookahead sampled), float32")
+        if kind == "exact":       # float32: twice the bytes per token; plain, processed, constrained, sampled
+            return (2 * (load + (4 * look + 3 * gen) * k * new),
+                    f"2 x ({how}: load + {k} x {new} tokens of both three times and of lookahead sampled), float32")
         if kind == "profile":     # a warm-up and a profiled decode of each; the profiler's overhead: x 7
             # (x 3 gave the H200's 7B profile 17.8 s, and it took 41 s of the 42 s it was allowed)
             return load + 14 * (gen + look) * PROFILE_TOKENS, f"{how}: load + 14 x {PROFILE_TOKENS} tokens of both"
@@ -1313,6 +1345,10 @@ class Stages:
 
     def exact(self, model: str, _left) -> dict:
         """float32, TF32 off: lookahead's ids against generate's, each difference explained."""
+        from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+
+        from lp.library import row_processor_of
+
         loaded = self.load(model, "float32")
         prompts, new, out = self.inprocess_prompts(loaded), self.plan.new_tokens, {"dtype": "float32"}
         comm = self.group(out)
@@ -1324,6 +1360,10 @@ class Stages:
             gen_p = run_generate(loaded, prompts, new, self.cuda, PROCESSED)
             look_p = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm, generation=PROCESSED)
             sampled = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm, generation=SAMPLED)
+            constraint = residue_constraint(loaded.model.config.vocab_size)
+            gen_c = run_constrained_generate(loaded, prompts, new, self.cuda, constraint)
+            look_c = run_lookahead(loaded, prompts, new, self.gpu_lookahead, self.cuda, comm=comm,
+                                   row_processor=row_processor_of([PrefixConstrainedLogitsProcessor(constraint, 1)]))
         out["processors"] = {"knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in PROCESSED.items()},
                              "ids_equal": equal_count(look_p["token_ids"], gen_p["token_ids"]),
                              "changed_by_them": gen_p["token_ids"] != gen["token_ids"], "S": look_p["S"],
@@ -1331,6 +1371,13 @@ class Stages:
         out["sampled"] = {"knobs": SAMPLED, "tokens": sampled["tokens"], "S": sampled["S"],
                           "wall_ms_per_round": sampled["wall_ms_per_round"],
                           "host_syncs_per_round": sampled["host_syncs_per_round"]}
+        out["row_processor"] = {
+            "what": f"prefix_allowed_tokens_fn: the last token's residue mod {CONSTRAINT_STATES} is banned",
+            "ids_equal": equal_count(look_c["token_ids"], gen_c["token_ids"]),
+            "changed_by_it": gen_c["token_ids"] != gen["token_ids"], "S": look_c["S"],
+            "rows_per_round": look_c["rows_per_round"], "wall_ms_per_round": look_c["wall_ms_per_round"],
+            "host_ms_per_round": look_c["host_ms_per_round"], "host_syncs_per_round": look_c["host_syncs_per_round"],
+            "generate_ms_per_token": gen_c["ms_per_token"], "generate_host_syncs_per_token": gen_c["host_syncs_per_token"]}
         out.update(saved_dtype=self.dtype(model), rounds=look["rounds"], tokens=look["tokens"],
                    generate_token_ids=gen["token_ids"], lookahead_token_ids=look["token_ids"])
         return out
@@ -1451,6 +1498,12 @@ def render(report: dict) -> str:
                          f"generate's ids: {proc['changed_by_them']}), S {_f(proc['S'])}; sampled with its warpers: "
                          f"S {_f(sampled['S'])}, {_f(sampled['wall_ms_per_round'])} ms and "
                          f"{_f(sampled['host_syncs_per_round'])} host syncs per round")
+            row = exact["row_processor"]
+            lines.append(f"  exact with a prefix_allowed_tokens_fn row by row: ids = generate {row['ids_equal']} (it "
+                         f"changed them: {row['changed_by_it']}), S {_f(row['S'])}, {_f(row['wall_ms_per_round'])} ms, "
+                         f"{_f(row['host_ms_per_round'])} host ms and {_f(row['host_syncs_per_round'])} host syncs per "
+                         f"round; generate {_f(row['generate_ms_per_token'])} ms and "
+                         f"{_f(row['generate_host_syncs_per_token'])} host syncs per token")
         for stage in (f"job/{name}", f"job-batched/{name}", f"job-compiled/{name}", f"lp-p2/{name}", f"lp-p4/{name}"):
             s = stages.get(stage)
             if s and s.get("status") == "ok":

@@ -113,7 +113,7 @@ def test_estimates_come_from_what_was_measured(report):
     eager = stages["eager/tiny-llama"]
     gen, look = (eager["systems"][k] for k in ("generate eager", "lookahead eager"))
     k, new = report["workload"]["inprocess_prompts"], report["workload"]["new_tokens"]
-    work = eager["load_seconds"] + (2 * gen["seconds"] / gen["tokens"] + 3 * look["seconds"] / look["tokens"]) * k * new
+    work = eager["load_seconds"] + (3 * gen["seconds"] / gen["tokens"] + 4 * look["seconds"] / look["tokens"]) * k * new
     assert stages["exact/tiny-llama"]["estimate_s"] == pytest.approx(2 * work)
     assert stages["exact/tiny-llama"]["estimate_basis"].startswith("2 x (eager/tiny-llama")
     # the later torchrun stages: the longest start-up measured when they were planned and the load and
@@ -172,6 +172,10 @@ def test_exact_stage(report):
         assert stage["processors"]["knobs"] == {k2: list(v) if isinstance(v, tuple) else v
                                                 for k2, v in _module().PROCESSED.items()}
         assert stage["sampled"]["tokens"] == k * new and stage["sampled"]["S"] >= 1
+        # a prefix_allowed_tokens_fn called row by row: transformers' generate's ids with it, which it changed
+        row = stage["row_processor"]
+        assert row["ids_equal"] == f"{k}/{k}" and row["changed_by_it"] is True and row["S"] >= 1
+        assert row["host_ms_per_round"] > 0 and row["generate_ms_per_token"] > 0
 
 
 def test_profile_stage(report):
