@@ -9,14 +9,18 @@ Ctrl-C, 143 when stopped by SIGTERM: `docker stop`, Slurm's `scancel`, a
 torchrun agent stopping its workers; both keep what was written, as a resume
 expects). `--check` stops before the model: the config for WORLD_SIZE workers, the prompts and the
 output directory, nothing written (launch/single_node.sh runs it before torchrun, whose own traceback
-would otherwise follow a worker's error line).
+would otherwise follow a worker's error line). Under torchrun a failing worker also leaves its error line
+in its reply file (TORCHELASTIC_ERROR_FILE), so that torchrun's failure summary names it as the root
+cause instead of pointing at torchrun's docs.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from typing import NoReturn
 
 import click
@@ -48,9 +52,27 @@ def _rank_prefix(comm: Comm) -> str:
     return f"rank {comm.job_rank}: " if comm.job_world > 1 else ""
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+def _fail(message: str, code: int, echo: bool = True) -> NoReturn:
+    """End the worker with `error: message` (printed unless `echo` is off: ranks that leave the line to
+    rank 0) and exit status `code`."""
+    line = f"error: {message}"
+    if echo:
+        click.echo(line, err=True)
+    _reply_to_torchrun(line)
     raise SystemExit(code)
+
+
+def _reply_to_torchrun(line: str) -> None:
+    """Under torchrun, the error line as the worker's reply file (the format of torch's own
+    ErrorHandler), which torchrun's failure summary prints as the root cause."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}, f)
+    except OSError:     # the line is on stderr anyway
+        pass
 
 
 def _stderr_is_terminal() -> bool:
@@ -90,9 +112,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
         if problems:
             raise ConfigError(problems, config_path)
     except ConfigError as e:
-        if lead:
-            click.echo(f"error: {e}", err=True)
-        raise SystemExit(2)
+        _fail(str(e), 2, echo=lead)
     if check:
         if lead:        # under torchrun the others stop here: rank 0 alone reads the prompts and the directory
             try:

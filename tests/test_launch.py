@@ -3,6 +3,7 @@ and check the job before torchrun starts a worker."""
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -42,3 +43,22 @@ def test_single_node_checks_the_job_before_torchrun(tmp_path):
     assert good.returncode == 0, good.stderr[-2000:]
     assert good.stdout.count("ok: ") == 1 and "1 of 1 prompts to decode" in good.stdout   # rank 0's line
     assert not (tmp_path / "out").exists()
+
+
+def test_torchrun_names_a_workers_error_line_as_the_root_cause(tmp_path):
+    """Launched by torchrun itself (no check first), a worker's error line is its reply file, so that
+    torchrun's failure summary names it as the root cause of every failed rank, not a link to its docs;
+    ranks other than 0 do not print it."""
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({"model": {"name": "tiny-random-llama?vocab=64&seed=0", "device": "cpu"},
+                                      "output": {"dir": str(tmp_path / "out")}}))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "lp.run", "--config", str(config), "--set", "distributed.lp_size=3"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    line = "distributed.lp_size: 3 must divide the world size 2"
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    summary = proc.stderr[proc.stderr.index("Failures:"):]
+    assert summary.count("traceback : error: invalid config") == 2 and summary.count(line) == 2, summary
+    assert "To enable traceback" not in summary
+    assert proc.stderr[:proc.stderr.index("Traceback")].count(line) == 1    # printed by rank 0 alone
