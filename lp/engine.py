@@ -38,7 +38,7 @@ from lp.decode.request import (GenerationResult, RequestState, RoundPlan, StopTe
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import EMPTY, TokenTree
-from lp.decode.verify import decide, node_mismatch, pack_payloads, path_verdicts
+from lp.decode.verify import decide, greedy_ids, node_mismatch, pack_payloads, path_verdicts
 from lp.parallel.dist import Comm
 from lp.parallel.shard import shard_plan
 
@@ -312,7 +312,7 @@ class Rounds:
             frame = process_by_input(frame, d, states, plans, self.row_processor,   # eager logits are ours
                                      writable=self.compiled is None or frame is not logits_frame)
             processing = time.perf_counter() - processing
-        predicted = frame.argmax(-1)                    # the window stays greedy whatever the sampling
+        predicted = greedy_ids(frame)                   # the window stays greedy whatever the sampling
         if ancestors is not None:   # z*'s row and the node frame's: what verification reads
             first, off_path, emitted = self.verdict(states, plans, shape, dev, v, frame[:, d:], predicted[:, d:],
                                                     ancestors)

@@ -86,7 +86,7 @@ def test_the_counter_sees_ops_and_leaves_out_views_and_the_forward(model16):
     with RoundOps().counting() as ops:
         lookahead_generate(model16, PROMPT[:8], LookaheadParams(0, 3, 0), GenerationParams(4))
     assert "scaled_dot_product_attention" not in ops.ops and "mm" not in ops.ops and "embedding" not in ops.ops
-    assert "argmax" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0
+    assert "max" in ops.ops and sum(ops.ops.values()) == sum(ops.rounds) > 0      # greedy_ids on the CPU
 
 
 @pytest.mark.parametrize("candidates", [1, 2, 6])

@@ -2,7 +2,7 @@
 import torch
 
 from lp.decode.tree import tree_of
-from lp.decode.verify import (HEADER, decide, frame_ancestors, node_frame, node_mismatch, pack_payloads,
+from lp.decode.verify import (HEADER, decide, frame_ancestors, greedy_ids, node_frame, node_mismatch, pack_payloads,
                               path_verdicts)
 
 T = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
@@ -129,3 +129,22 @@ def test_rank0_next_token_is_authoritative():
     b = payload(TREE, 4, preds, nodes=range(1, 6))     # disagrees with rank 0 on z*: no hit
     d = decide([a, b], 4)
     assert d.emitted == [5] and d.hits == 0 and d.node == -1
+
+
+def test_greedy_ids_are_argmax_on_ties_infinities_and_nans():
+    """greedy_ids (a round's greedy predictions) picks what generate's argmax picks: the first of tied
+    maxima, index 0 of an all -inf row, the first NaN; in every dtype, on a frame's strided view too."""
+    g = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 3, (64, 257), generator=g).double()
+    wide = torch.randn(3, 9, 4096, generator=g, dtype=torch.float64)
+    wide[..., 4000] = wide.amax(-1)              # a tie with an earlier maximum, far along the row
+    odd = torch.randn(4, 50, generator=g, dtype=torch.float64)
+    odd[0] = float("-inf")
+    odd[1, [7, 30]] = float("nan")
+    odd[2] = float("nan")
+    odd[3, 10:] = float("inf")
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        for scores in (ties, wide, wide[:, 2:], odd):
+            scores = scores.to(dtype)
+            assert torch.equal(greedy_ids(scores), scores.argmax(-1)), (dtype, scores.shape)
+    assert greedy_ids(odd)[:4].tolist() == [0, 7, 0, 10]

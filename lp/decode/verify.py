@@ -42,6 +42,13 @@ def frame_ancestors(end: torch.Tensor) -> torch.Tensor:
     return (index[None, :] <= index[:, None]) & (index[:, None] < end[..., None, :])
 
 
+def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dim, as generate's greedy step takes it: the first maximum (a NaN counts
+    as the maximum). On the CPU `max`'s indices are the same at about 2.5x argmax's speed (a round's
+    frame is tens of rows of the whole vocabulary); elsewhere argmax itself."""
+    return scores.max(-1).indices if scores.device.type == "cpu" else scores.argmax(-1)
+
+
 def node_mismatch(frame: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
                   ancestors: torch.Tensor) -> torch.Tensor:
     """Which node-frame entries are off the accepted path, [B, N] bool, for B requests at once.

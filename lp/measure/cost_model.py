@@ -212,6 +212,7 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
     from lp.decode.batch import forward_round, pack_round
     from lp.decode.device import Uploader
     from lp.decode.kv_cache import attended, copy_prefix, round_cache
+    from lp.decode.verify import greedy_ids
 
     gen = torch.Generator().manual_seed(prefix * 1000 + 100 * batch + max(rows_list))
     random_ids = lambda k: torch.randint(model.config.vocab_size, (k,), generator=gen).tolist()  # noqa: E731
@@ -236,7 +237,7 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
         @torch.inference_mode()
         def run():
             logits, *_ = forward_round(model, dev, batch, shape, 0, cache, span=span)
-            logits.argmax(-1).tolist()
+            greedy_ids(logits).tolist()
         return run
     return {rows: closure(rows) for rows in rows_list}
 
@@ -372,7 +373,8 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
     argmax of the frame of [rows, vocab] logits, node_mismatch and path_verdicts of a tree of
     `guesses` chains, pack_payloads, decide on the payload read back), on synthetic logits."""
     from lp.decode.tree import tree_of
-    from lp.decode.verify import decide, frame_ancestors, node_frame, node_mismatch, pack_payloads, path_verdicts
+    from lp.decode.verify import (decide, frame_ancestors, greedy_ids, node_frame, node_mismatch, pack_payloads,
+                                  path_verdicts)
 
     device = torch.device(device)
     s, deep_slots = ngram - 1, window + ngram - 2
@@ -387,7 +389,7 @@ def measure_verify(window: int, ngram: int, guesses: int, rows: int, vocab: int,
     for _ in range(repeats + 3):
         sync(device)
         t = time.perf_counter()
-        predicted = logits[:, rows - window - 1 - nodes:].argmax(-1)      # deep cells, z*, nodes
+        predicted = greedy_ids(logits[:, rows - window - 1 - nodes:])      # deep cells, z*, nodes
         off_path = node_mismatch(predicted[:, window:], frame["tok"], frame["par"], ancestors)
         hits, node, after, _ = path_verdicts(predicted[:, window], off_path, predicted[:, window + 1:],
                                              frame["depth"], frame["step"], meta[:, 0], s)
