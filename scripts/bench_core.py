@@ -67,7 +67,7 @@ from lp.jobs.config import DataSection
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
-from lp.library import row_processor_of
+from lp.hf_processing import row_processor_of
 from lp.models import ModelLoadError, load_model
 
 KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}

@@ -1347,7 +1347,7 @@ class Stages:
         """float32, TF32 off: lookahead's ids against generate's, each difference explained."""
         from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
-        from lp.library import row_processor_of
+        from lp.hf_processing import row_processor_of
 
         loaded = self.load(model, "float32")
         prompts, new, out = self.inprocess_prompts(loaded), self.plan.new_tokens, {"dtype": "float32"}

@@ -310,17 +310,17 @@ def test_allowed_ids_are_kept_indexes_of_the_same_ids():
         calls.append(batch_id)
         buffer[:] = [int(ids[-1]) % 5, 7] if int(ids[-1]) < 30 else list(range(40))
         return buffer
-    allowed, ids = lp.library.AllowedIds(fn, keep=2), torch.tensor([3, 4])
+    allowed, ids = lp.hf_processing.AllowedIds(fn, keep=2), torch.tensor([3, 4])
     first = allowed(0, ids)
     assert first.tolist() == [4, 7] and allowed(1, torch.tensor([9, 4])) is first        # equal list: kept
     assert allowed(0, torch.tensor([31])).tolist() == list(range(40))                    # the buffer changed
     assert allowed(0, torch.tensor([2])).tolist() == [2, 7] and len(allowed.kept) == 2    # only the last two
     assert allowed(0, torch.tensor([4])) is not first and calls == [0, 1, 0, 0, 0]
     for other in ([], (1, 2), torch.tensor([1])):
-        assert lp.library.AllowedIds(lambda b, i, o=other: o)(0, ids) is other
+        assert lp.hf_processing.AllowedIds(lambda b, i, o=other: o)(0, ids) is other
     scores, rows = torch.randn(3, 64), torch.tensor([[1, 4], [2, 33], [5, 9]])
     want = PrefixConstrainedLogitsProcessor(fn, 1)(rows, scores)
-    assert torch.equal(PrefixConstrainedLogitsProcessor(lp.library.AllowedIds(fn), 1)(rows, scores), want)
+    assert torch.equal(PrefixConstrainedLogitsProcessor(lp.hf_processing.AllowedIds(fn), 1)(rows, scores), want)
 
 
 @pytest.mark.parametrize("kwargs", [dict(min_new_tokens=0), dict(suppress_tokens=[]),
