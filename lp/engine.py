@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -44,8 +44,19 @@ from lp.parallel.shard import shard_plan
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchStats", "GenerationParams", "GenerationResult", "LookaheadParams", "check", "decode_batch",
-           "lookahead_generate", "round_rows_bound", "window_seed"]
+__all__ = ["BatchStats", "GenerationParams", "GenerationResult", "LookaheadParams", "Prompt", "check",
+           "decode_batch", "lookahead_generate", "round_rows_bound", "window_seed"]
+
+
+class Prompt(NamedTuple):
+    """One request for `decode_batch`: `key` (what its result is yielded under), its prompt `ids`,
+    `request` (its name in the sampling draws) and `seen`, the prompt as generate's processors and
+    stopping criteria see it when that is not `ids` (lp.decode.processors.SeenPrompt: the generate
+    drop-in's left-padded rows; None: `ids`). A plain (key, ids, request) tuple is one too."""
+    key: Any
+    ids: Sequence[int]
+    request: str | int
+    seen: SeenPrompt | None = None
 
 
 @torch.inference_mode()
@@ -87,7 +98,7 @@ def lookahead_generate(
     (decode_batch; the key is `request`). This is `decode_batch` with one request."""
     if not len(input_ids):
         raise ValueError("input_ids is empty: lookahead needs at least one prompt token")
-    (_, result), = decode_batch(model, [(request, input_ids, request, seen_prompt)], lookahead, generation,
+    (_, result), = decode_batch(model, [Prompt(request, input_ids, request, seen_prompt)], lookahead, generation,
                                 eos_token_ids=eos_token_ids, tokenizer=tokenizer, comm=comm, corpus=corpus,
                                 compile_mode=compile_mode,
                                 sampling_on_device=sampling_on_device, streamer=streamer,
@@ -116,7 +127,7 @@ class BatchStats:
 @torch.inference_mode()
 def decode_batch(
     model,
-    prompts: Iterable[tuple[Any, Sequence[int], str | int]],
+    prompts: Iterable[Prompt | tuple[Any, Sequence[int], str | int]],
     lookahead: LookaheadParams = LookaheadParams(),
     generation: GenerationParams = GenerationParams(),
     *,
@@ -135,9 +146,8 @@ def decode_batch(
     row_processor: RowProcessor | None = None,
     stop_when: StopTest | None = None,
 ) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
-    """Decode `prompts` ((key, prompt ids, request) each, `request` naming it in the sampling draws; or
-    (key, prompt ids, request, the prompt as generate's processors see it: a SeenPrompt))
-    with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
+    """Decode `prompts` (each a Prompt: key, prompt ids, request, and optionally what generate's
+    processors see) with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
     (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
     a request that ends leaves the batch at once; the next prompt is taken then and its first round
     (the prefill) runs alone into its own cache row before it joins the batched rounds; with
@@ -177,7 +187,7 @@ def decode_batch(
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
 
-    def start(key, ids, request, seen_prompt=None) -> RequestState | ValueError:
+    def start(key, ids, request, seen=None) -> RequestState | ValueError:
         nonlocal prompt_tokens
         ids = [int(t) for t in ids]
         if not ids:
@@ -194,7 +204,7 @@ def decode_batch(
         state = RequestState(key, ids, lookahead, generation, request=request, leader=comm.rank == 0,
                              corpus=corpus, eos_token_ids=eos_token_ids, tokenizer=tokenizer, row=len(active),
                              streamer=streamer, ceiling=ceiling, reencode_at=reencode_at,
-                             seen_prompt=seen_prompt, stop_when=stop_when)
+                             seen_prompt=seen, stop_when=stop_when)
         if prefixes is not None:         # its prefill starts after the longest prefix a cache row holds
             source, slots = prefixes.best(ids, state.row, {s.row: s.in_cache for s in active})
             if slots:

@@ -57,7 +57,7 @@ from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.request import StopTest
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
-from lp.engine import GenerationResult, decode_batch, lookahead_generate
+from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (STOPS, bias_entries, no_op, read_processors, row_processor_of, row_wise, stop_test,
                               token_ids)
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
@@ -281,7 +281,7 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
     width = min(batch_size, len(prompts))
     if width > 1:
         costs = _row_costs(model, params, width, prompts) if params.row_budget else None
-        outcomes = decode_batch(model, ((k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
+        outcomes = decode_batch(model, (Prompt(k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
                                 generation, batch_size=width, prompt_tokens=max(map(len, prompts)),
                                 eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, row_processor=row_processor,
                                 stop_when=stop_when, **budget_kwargs(costs))
