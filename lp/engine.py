@@ -108,6 +108,14 @@ def lookahead_generate(
     return result
 
 
+def embedding_rows(model) -> int | None:
+    """How many token ids the model's input embedding holds (None: a model that does not say)."""
+    try:
+        return getattr(model.get_input_embeddings(), "num_embeddings", None)
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 @dataclass
 class BatchStats:
     """What a `decode_batch` run did as a whole (filled in as it goes)."""
@@ -186,12 +194,16 @@ def decode_batch(
                     batch_size, draft_cost, eos_token_ids, row_processor)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
+    vocab = embedding_rows(model)
 
     def start(key, ids, request, seen=None) -> RequestState | ValueError:
         nonlocal prompt_tokens
         ids = [int(t) for t in ids]
         if not ids:
             return ValueError("input_ids is empty: lookahead needs at least one prompt token")
+        outside = next((t for t in ids if not 0 <= t < vocab), None) if vocab is not None else None
+        if outside is not None:
+            return ValueError(f"prompt token id {outside} is outside the model's vocabulary (ids 0 to {vocab - 1})")
         if rounds.cache is None:
             prompt_tokens = prompt_tokens or len(ids)
             rounds.cache = round_cache(model, cache_need(prompt_tokens, lookahead, generation.max_new_tokens,

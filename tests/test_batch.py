@@ -170,6 +170,21 @@ def test_a_prompt_the_cache_cannot_hold_fails_alone(models):
         assert out[i].token_ids == generate(model, prompts[i], 16)
 
 
+def test_a_prompt_id_outside_the_vocabulary_fails_alone(models):
+    """A prompt holding an id the embedding has no row for (or a negative one) is that request's error
+    naming the id, not an IndexError from inside the forward; the other requests decode as plain."""
+    model = models("llama")
+    vocab = model.get_input_embeddings().num_embeddings
+    prompts = [BASE[:6], BASE[:5] + [vocab], BASE[:8], [-1] + BASE[:3]]
+    out = dict(decode_batch(model, [(i, p, i) for i, p in enumerate(prompts)], CONFIGS["job"],
+                            GenerationParams(12), batch_size=2))
+    for i, bad in ((1, vocab), (3, -1)):
+        assert isinstance(out[i], ValueError)
+        assert str(out[i]) == f"prompt token id {bad} is outside the model's vocabulary (ids 0 to {vocab - 1})"
+    for i in (0, 2):
+        assert out[i].token_ids == generate(model, prompts[i], 12)
+
+
 @pytest.mark.parametrize("on_device", [False, True])
 def test_sampling_at_batch_2_matches_the_models_joint(model8, on_device):
     """Pairs of requests share every forward; each request's first tokens follow the model's joint."""
