@@ -9,7 +9,7 @@ if [[ "${1:-}" =~ ^[0-9]+$ ]]; then nproc=$1; shift
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then nproc=$(nvidia-smi -L | wc -l)
 else nproc=2; fi
 for arg in "$@"; do [[ $arg == -h || $arg == --help ]] && exec python -m lp.run --help; done
-# the job's checks first, in this process: a bad config, prompt file or output directory is one error
+# the job's checks first, in this process: a bad config, prompt file, output directory or model name is one error
 # line and its status (2 or 1), not that line followed by torchrun's traceback for the failed workers
 WORLD_SIZE=$nproc python -m lp.run --check "$@" >/dev/null
 exec torchrun --standalone --nproc-per-node="$nproc" -m lp.run "$@"

@@ -90,27 +90,45 @@ def load_model(name: str, dtype: str | torch.dtype = "float32", device: str = "a
     return loaded
 
 
-def _load(name: str, torch_dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
+def locate_model(name: str) -> tuple[str, str | Path]:
+    """Where model `name` loads from, found without loading anything: ("tiny", name) for the built-in tiny
+    Llama, ("tiny-family", name) for a tiny-random-<family>, ("gguf", its file) for the embedded model or
+    a .gguf path, ("dir", a local directory) or ("hub", a Hugging Face id in the local cache). Raises the
+    ModelLoadError load_model would for a name it cannot find (`lp.run --check` asks this)."""
     if name == TINY or name.startswith(TINY + "?"):
+        _tiny_spec(name)
+        return "tiny", name
+    if name.startswith(TINY_FAMILY):
+        _family_spec(name)
+        return "tiny-family", name
+    if name == SMOLLM2:
+        return "gguf", _smollm2_file()
+    if name.endswith(".gguf"):
+        gguf = Path(name).expanduser()
+        if not gguf.is_file():
+            raise ModelLoadError(f"GGUF file not found: {name}")
+        return "gguf", gguf
+    if Path(name).expanduser().is_dir():
+        return "dir", str(Path(name).expanduser())
+    if name.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"model directory not found: {name}")
+    if not _in_hub_cache(name):
+        raise _not_loadable(name, "it is not in the cache")
+    return "hub", name
+
+
+def _load(name: str, torch_dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
+    kind, where = locate_model(name)
+    if kind == "tiny-family":
+        return _tiny_family(name, torch_dtype, dev, attn)
+    if kind == "tiny":
         loaded = tiny_random_llama(**_tiny_spec(name), dtype=torch_dtype, device=dev)
         if attn == "eager":
             loaded.model.set_attn_implementation("eager")
         return loaded
-    if name.startswith(TINY_FAMILY):
-        return _tiny_family(name, torch_dtype, dev, attn)
-    if name == SMOLLM2:
-        source = _convert_gguf(_smollm2_file())
-    elif name.endswith(".gguf"):
-        gguf = Path(name).expanduser()
-        if not gguf.is_file():
-            raise ModelLoadError(f"GGUF file not found: {name}")
-        source = _convert_gguf(gguf)
-    elif Path(name).expanduser().is_dir():
-        source = str(Path(name).expanduser())
-    elif name.startswith(("/", ".", "~")):
-        raise ModelLoadError(f"model directory not found: {name}")
-    else:
+    if kind == "hub":
         return _finish(*_load_hub_id(name, torch_dtype, dev, attn), name)
+    source = _convert_gguf(where) if kind == "gguf" else where
     try:
         return _finish(*_pretrained(source, torch_dtype, dev, attn), name)
     except ModelLoadError:
@@ -240,7 +258,8 @@ def _tiny_spec(name: str, keys=TINY_DEFAULTS) -> dict[str, int]:
     return spec
 
 
-def _tiny_family(name: str, dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
+def _family_spec(name: str) -> tuple[str, dict[str, int]]:
+    """(family, its vocab, layers and seed) of a tiny-random-<family>[?...] name."""
     family = name[len(TINY_FAMILY):].partition("?")[0]
     if family not in FAMILIES and family not in REFUSED:
         raise ModelLoadError(f"unknown model {name!r}: tiny families are {', '.join(FAMILIES)} (and, refused by "
@@ -249,6 +268,11 @@ def _tiny_family(name: str, dtype: torch.dtype, dev: torch.device, attn: str) ->
     spec = {**defaults, **_tiny_spec(name, defaults)}
     if spec["vocab"] < 4 or spec["layers"] < 1:
         raise ModelLoadError(f"bad spec in {name!r}: need vocab >= 4 and layers >= 1")
+    return family, spec
+
+
+def _tiny_family(name: str, dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
+    family, spec = _family_spec(name)
     try:
         attn = attention_implementation(family_config(family, spec["vocab"], spec["layers"]), attn)
         model = tiny_random(family, **spec, dtype=dtype, attn_implementation=attn, experts_implementation=_experts(dtype))
@@ -330,7 +354,11 @@ def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device, attn: str)
     except Exception as e:
         cached = _in_hub_cache(name)
         why = f"it is in the cache but does not load: {one_line(e)}" if cached else "it is not in the cache"
-    raise ModelLoadError(
+    raise _not_loadable(name, why)
+
+
+def _not_loadable(name: str, why: str) -> ModelLoadError:
+    return ModelLoadError(
         f"cannot load model {name!r}: not a built-in name ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>), "
         f"a local directory or .gguf file, or a Hugging Face id in the local cache "
         f"({huggingface_hub.constants.HF_HUB_CACHE}): {why}. lp downloads nothing at run time; fetch a model "

@@ -7,8 +7,8 @@ turn every failure into one `error:` line with its exit status (1 for a job
 that cannot run or whose every prompt is an error record, 2 for a config or resume refusal, 130 when interrupted by
 Ctrl-C, 143 when stopped by SIGTERM: `docker stop`, Slurm's `scancel`, a
 torchrun agent stopping its workers; both keep what was written, as a resume
-expects). `--check` stops before the model: the config for WORLD_SIZE workers, the prompts and the
-output directory, nothing written (launch/single_node.sh runs it before torchrun, whose own traceback
+expects). `--check` stops before the model: the config for WORLD_SIZE workers, the prompts, the
+output directory and whether the model can be found, nothing loaded or written (launch/single_node.sh runs it before torchrun, whose own traceback
 would otherwise follow a worker's error line). Under torchrun a failing worker also leaves its error line
 in its reply file (TORCHELASTIC_ERROR_FILE), so that torchrun's failure summary names it as the root
 cause instead of pointing at torchrun's docs.
@@ -91,8 +91,8 @@ def _stderr_is_terminal() -> bool:
               help="Resume an output directory even though its results were made with a different config.")
 @click.option("--fresh", is_flag=True, help="Discard the results already in the output directory and start over.")
 @click.option("--check", is_flag=True,
-              help="Check the config (for WORLD_SIZE workers), the prompts and the output directory, and exit "
-                   "without loading the model or writing anything.")
+              help="Check the config (for WORLD_SIZE workers), the prompts, the output directory and that the "
+                   "model can be found, and exit without loading the model or writing anything.")
 def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool, check: bool) -> None:
     """Run a Lookahead Decoding job described by a YAML config (resumes an interrupted one)."""
     if force and fresh:
@@ -119,7 +119,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
                 click.echo(f"ok: {config_path}: {check_job(cfg, force=force, fresh=fresh)}")
             except ResumeRefused as e:
                 _fail(str(e), 2)
-            except (DataError, JobDirError) as e:
+            except (DataError, JobDirError, ModelLoadError) as e:
                 _fail(str(e), 1)
         return
     try:

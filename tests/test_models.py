@@ -16,7 +16,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
-from lp.models import LoadedModel, ModelLoadError, TinyTokenizer, load_model, tiny_random_llama
+import lp.models
+from lp.models import LoadedModel, ModelLoadError, TinyTokenizer, load_model, locate_model, tiny_random_llama
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,6 +163,44 @@ def test_bad_names(name, words):
     with pytest.raises(ModelLoadError) as e:
         load_model(name, device="cpu")
     assert all(w in str(e.value) for w in words)
+
+
+@pytest.mark.parametrize("name,words", [
+    ("tiny-random-llama?foo=3", ["foo=3", "vocab", "kv_heads"]),
+    ("tiny-random-nofamily", ["unknown model", "tiny families"]),
+    ("/no/such/model/dir", ["not found", "/no/such/model/dir"]),
+    ("missing/weights.gguf", ["GGUF file not found", "missing/weights.gguf"]),
+    ("nobody/no-such-model-lp-test", ["not in the cache", "downloads nothing"]),
+])
+def test_locate_refuses_what_load_refuses(name, words, monkeypatch):
+    """locate_model (lp.run --check) refuses a name it cannot find with load_model's own message."""
+    lookups = _no_network(monkeypatch)
+    with pytest.raises(ModelLoadError) as located:
+        locate_model(name)
+    with pytest.raises(ModelLoadError) as loaded:
+        load_model(name, device="cpu")
+    assert str(located.value) == str(loaded.value) and all(w in str(located.value) for w in words)
+    assert lookups == []
+
+
+def test_locate_finds_each_kind_without_loading(tmp_path, monkeypatch):
+    lookups = _no_network(monkeypatch)
+    monkeypatch.setattr(lp.models, "_convert_gguf", lambda *a: pytest.fail("locate_model converted a GGUF"))
+    monkeypatch.setattr(lp.models, "_pretrained", lambda *a, **k: pytest.fail("locate_model loaded a model"))
+    assert locate_model("tiny-random-llama?vocab=32") == ("tiny", "tiny-random-llama?vocab=32")
+    assert locate_model("tiny-random-qwen2") == ("tiny-family", "tiny-random-qwen2")
+    kind, where = locate_model("smollm2-135m")
+    assert kind == "gguf" and Path(where).is_file() and Path(where).suffix == ".gguf"
+    assert locate_model(str(tmp_path)) == ("dir", str(tmp_path))
+    snapshot = tmp_path / "hub" / "models--someone--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "hub" / "models--someone--cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--cached" / "refs" / "main").write_text("0" * 40)
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert locate_model("someone/cached") == ("hub", "someone/cached")
+    assert lookups == []
 
 
 def _no_network(monkeypatch) -> list:

@@ -273,8 +273,8 @@ def test_missing_prompt_file_exits_1_before_model_load(job, tmp_path):
 
 
 def test_check_stops_before_the_model_and_writes_nothing(job, tmp_path, monkeypatch):
-    """--check: the config, the prompts and the output directory as a run would find them, one line,
-    no model loaded and nothing written; what a run would refuse it refuses with the run's status."""
+    """--check: the config, the prompts, the output directory and the model's source as a run would find
+    them, one line, no model loaded and nothing written; what a run would refuse it refuses with the run's status."""
     config, out = job
     check = lambda *more: CliRunner().invoke(main, ["--config", str(config), "--check", *more])  # noqa: E731
     loads = []
@@ -294,6 +294,11 @@ def test_check_stops_before_the_model_and_writes_nothing(job, tmp_path, monkeypa
     missing = check("--set", f"data.path={tmp_path}/none.jsonl")
     assert missing.exit_code == 1 and missing.stderr.startswith("error: prompt file not found")
     assert check("--set", "lookahead.ngram=2").exit_code == 2
+    for name, says in ((f"{tmp_path}/none.gguf", "GGUF file not found"), (f"{tmp_path}/none", "model directory not "
+                       "found"), ("nobody/no-such-model", "it is not in the cache"), ("tiny-random-nofamily",
+                       "unknown model 'tiny-random-nofamily'")):
+        unfound = check("--fresh", "--set", f"model.name={name}")    # a run finds it after its workers start
+        assert unfound.exit_code == 1 and unfound.stderr.startswith("error: ") and says in unfound.stderr, name
     holder = JobDir(out)
     holder._take_lock()                     # a run in progress
     busy = check()

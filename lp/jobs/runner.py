@@ -53,7 +53,7 @@ from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
 from lp.measure.cost_model import CURVE_PREFIX, budget_kwargs, row_costs
 from lp.messages import one_line
-from lp.models import LoadedModel, load_model
+from lp.models import LoadedModel, load_model, locate_model
 from lp.parallel.dist import Comm
 
 logger = logging.getLogger("lp.jobs")
@@ -163,10 +163,12 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
 
 def check_job(cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> str:
     """What run_job checks before it loads the model, without loading it or writing anything: the prompts
-    load, and output.dir can be opened and resumed (DataError, JobDirError, ResumeRefused as run_job
-    raises them). Returns one line: how many prompts the job would decode."""
+    load, output.dir can be opened and resumed, and the model can be found (DataError, JobDirError,
+    ResumeRefused, ModelLoadError as run_job raises them). Returns one line: how many prompts the job would
+    decode."""
     prompts = load_prompts(cfg.data)
     records = JobDir(cfg.output.dir).check(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
+    locate_model(cfg.model.name)
     left = sum(p.task_id not in records for p in prompts)
     return f"{left} of {len(prompts)} prompts to decode into {cfg.output.dir}"
 
