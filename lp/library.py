@@ -46,6 +46,7 @@ import logging
 import numbers
 import sys
 import time
+import warnings
 import weakref
 from typing import Mapping, Sequence
 
@@ -53,7 +54,7 @@ import torch
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
 from lp.decode.kv_cache import given_cache_tokens
-from lp.decode.params import GenerationParams, LookaheadParams, check
+from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.request import StopTest
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
@@ -245,6 +246,10 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     generation = GenerationParams(**knobs, stop=tuple(stop_strings))
     if not do_sample:
         generation = generation.greedy()       # generate reads no warper either
+        unused = [f"{k}={given[k]!r}" for k in WARPER_KEYS if given[k] != defaults[k].default]
+        if unused:       # generate warns so too
+            warnings.warn(f"lp.generate decodes greedily (do_sample=False): {', '.join(unused)} only apply when "
+                          f"sampling; set do_sample=True or leave them out", UserWarning, stacklevel=2)
     check(generation)
     eos = token_ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
     custom = [row_wise(p) for p in logits_processor or ()]

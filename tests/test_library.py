@@ -431,6 +431,9 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
     assert one.token_ids == listed.token_ids and one.finish_reason == "stop"
     with pytest.raises(ValueError, match="temperature > 0"):
         lp.generate(model, PROMPTS[0], do_sample=True, temperature=0.0)
+    with pytest.warns(UserWarning, match=r"decodes greedily \(do_sample=False\): temperature=0\.5, top_k=3 only"):
+        warned = lp.generate(model, PROMPTS[0], max_new_tokens=8, temperature=0.5, top_k=3)[0]   # as generate warns
+    assert warned.token_ids == lp.generate(model, PROMPTS[0], max_new_tokens=8)[0].token_ids   # and decodes greedily
     none = dict(temperature=None, top_h=None, top_k=None, top_p=None, min_p=None, typical_p=None, epsilon_cutoff=None,
                 eta_cutoff=None, repetition_penalty=None, min_new_tokens=None, suppress_tokens=None)
     assert lp.generate(model, PROMPTS[0], max_new_tokens=8, **none)[0].token_ids == \
