@@ -170,8 +170,8 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
         if _out_of_memory(e):
             _fail(f"{_rank_prefix(comm)}out of memory ({one_line(e)}); the results written so far are kept: "
-                  f"lower generation.batch_size or the lookahead sizes (window, guesses, ...) and run again to "
-                  f"resume", 1)
+                  f"lower generation.batch_size, generation.max_new_tokens or the lookahead sizes (window, guesses, "
+                  f"...) and run again to resume", 1)
         if comm.job_world == 1:
             raise
         _fail(f"{_rank_prefix(comm)}worker failed: {one_line(e)}", 1)

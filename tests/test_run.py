@@ -320,6 +320,22 @@ def test_running_out_of_memory_is_one_line_that_says_what_to_lower(job, monkeypa
     assert result.stderr.startswith("error: out of memory (") and "lower generation.batch_size" in result.stderr
 
 
+def test_a_cache_larger_than_free_memory_is_refused_before_allocating(job, monkeypatch):
+    """The K/V cache is sized for prompt + max_new_tokens up front: one that would not fit in the free
+    memory (CPU: MemAvailable) is refused with its size before torch allocates it (a CPU process would be
+    killed mid-allocation instead), as one out-of-memory line that says what to lower."""
+    import lp.decode.kv_cache as kv_cache
+
+    assert kv_cache.free_bytes(torch.device("cpu")) is None or kv_cache.free_bytes(torch.device("cpu")) > 2**20
+    monkeypatch.setattr(kv_cache, "free_bytes", lambda device: 1000)
+    result = CliRunner().invoke(main, ["--config", str(job[0]), "--quiet", "--fresh"])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+    assert result.stderr.startswith("error: out of memory (MemoryError: the K/V cache of 1 request row(s) x 256 "
+                                    "slots needs ")
+    assert " MiB and cpu has 0.0 MiB free: lower max_new_tokens" in result.stderr
+    assert "lower generation.batch_size, generation.max_new_tokens or" in result.stderr
+
+
 def test_model_load_error_exits_1(job, tmp_path):
     config, _ = job
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set",

@@ -123,6 +123,12 @@ class RoundCache(Cache):
         shapes = layer_shapes(model)
         kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
         groups = list(dict.fromkeys(kinds))
+        size = sum(kinds.count(g) * g[0] * g[1] for g in groups) * batch * length * param.element_size()
+        free = free_bytes(param.device)
+        if free is not None and size > free:     # refused before torch tries (a CPU process would be killed)
+            raise MemoryError(f"the K/V cache of {batch} request row(s) x {length} slots needs {_size(size)} and "
+                              f"{param.device} has {_size(free)} free: lower max_new_tokens (a row holds the "
+                              f"prompt, max_new_tokens and one round, to a power of two) or batch_size")
         self.buffers = [torch.zeros(kinds.count(g), batch, g[0], length, g[1], dtype=param.dtype, device=param.device)
                         for g in groups]
         for buffer in self.buffers:
@@ -135,6 +141,26 @@ class RoundCache(Cache):
             return self.buffers[g][taken[g] - 1]
         keys = [view(k) for k in kinds[:len(shapes)]]
         super().__init__(layers=[_RoundLayer(self, k, view(v)) for k, v in zip(keys, kinds[len(shapes):])])
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation on `device` can take: CUDA's free memory plus what torch's allocator holds
+    unused; on the CPU, Linux's MemAvailable (None where the system does not say)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _size(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 SPAN_QUANTUM = 128      # attention reads the used slots rounded up to this (compiled rounds: a power of two)
