@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from lp.decode.arch import check_model, draft_ceiling, logits_size, reencode_position, rope_threshold
+from lp.decode.arch import check_model, draft_ceiling, input_vocab, logits_size, reencode_position, rope_threshold
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, DraftBackoff, ranked_chances, rows_per_request
 from lp.decode.device import Uploader
@@ -33,8 +33,8 @@ from lp.decode.layout import bucket
 from lp.decode.params import GenerationParams, LookaheadParams, check
 from lp.decode.prefix import RowPrefixes
 from lp.decode.processors import Processors, RowProcessor, SeenPrompt, process_by_input
-from lp.decode.request import (GenerationResult, RequestState, RoundPlan, StopTest, cache_need, round_rows_bound,
-                               window_seed)
+from lp.decode.request import GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound, window_seed
+from lp.decode.stopping import StopTest
 from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import EMPTY, TokenTree
@@ -106,14 +106,6 @@ def lookahead_generate(
     if isinstance(result, Exception):
         raise result
     return result
-
-
-def embedding_rows(model) -> int | None:
-    """How many token ids the model's input embedding holds (None: a model that does not say)."""
-    try:
-        return getattr(model.get_input_embeddings(), "num_embeddings", None)
-    except (AttributeError, NotImplementedError):
-        return None
 
 
 @dataclass
@@ -194,7 +186,7 @@ def decode_batch(
                     batch_size, draft_cost, eos_token_ids, row_processor)
     active: list[RequestState] = []
     prefixes = RowPrefixes(batch_size) if lookahead.prefix_reuse and batch_size > 1 else None
-    vocab = embedding_rows(model)
+    vocab = input_vocab(model)
 
     def start(key, ids, request, seen=None) -> RequestState | ValueError:
         nonlocal prompt_tokens

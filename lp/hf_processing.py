@@ -32,7 +32,7 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from lp.decode.processors import RowProcessor
-from lp.decode.request import StopTest
+from lp.decode.stopping import StopTest
 from lp.messages import short_repr
 
 # generate's sampling warpers in its order (lp.decode.params.WARPER_KEYS): the GenerationParams field each

@@ -56,8 +56,8 @@ from transformers.generation.logits_process import PrefixConstrainedLogitsProces
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
-from lp.decode.request import StopTest
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
+from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (STOPS, bias_entries, no_op, read_processors, row_processor_of, row_wise, stop_test,
                               token_ids)
@@ -265,8 +265,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
-                      row_processor=row_processor_of(custom),
-                      stop_when=stop_when)
+                      row_processor=row_processor_of(custom), stop_when=stop_when)
     for r in results:
         if r.text is None and tokenizer is not None:
             r.text = tokenizer.decode(r.token_ids, skip_special_tokens=True)

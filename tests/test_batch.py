@@ -185,6 +185,26 @@ def test_a_prompt_id_outside_the_vocabulary_fails_alone(models):
         assert out[i].token_ids == generate(model, prompts[i], 12)
 
 
+def test_a_model_that_does_not_expose_its_embedding_decodes_unchecked(models, monkeypatch):
+    """input_vocab: the embedding's rows, or None for a model whose get_input_embeddings is missing or raises
+    (transformers' NotImplementedError) or holds no num_embeddings; decoding then skips the id check."""
+    from types import SimpleNamespace
+
+    from lp.decode.arch import input_vocab
+
+    model = models("llama")
+    assert input_vocab(model) == model.get_input_embeddings().num_embeddings
+    assert input_vocab(SimpleNamespace()) is None
+    assert input_vocab(SimpleNamespace(get_input_embeddings=lambda: object())) is None
+
+    def unexposed():
+        raise NotImplementedError
+    monkeypatch.setattr(model, "get_input_embeddings", unexposed)
+    assert input_vocab(model) is None
+    out = dict(decode_batch(model, [(0, BASE[:6], 0)], CONFIGS["job"], GenerationParams(12)))
+    assert out[0].token_ids == generate(model, BASE[:6], 12)
+
+
 @pytest.mark.parametrize("on_device", [False, True])
 def test_sampling_at_batch_2_matches_the_models_joint(model8, on_device):
     """Pairs of requests share every forward; each request's first tokens follow the model's joint."""

@@ -189,6 +189,16 @@ def logits_size(model) -> int:
     return int(weight.shape[0]) if weight is not None else int(text_config(model.config).vocab_size)
 
 
+def input_vocab(model) -> int | None:
+    """How many token ids the model's input embedding holds (None: a model that does not expose one:
+    transformers' get_input_embeddings raises NotImplementedError for those)."""
+    try:
+        embedding = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return getattr(embedding, "num_embeddings", None)
+
+
 def attention_implementation(config, requested: str = "auto") -> str:
     """The attention implementation lp runs a model of `config` with: `requested` ('sdpa', 'eager'), or for
     'auto' SDPA unless its attention modifies the scores in a way SDPA cannot take (soft-capping) or its

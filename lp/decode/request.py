@@ -20,11 +20,9 @@ import torch
 from lp.decode.layout import Round, build_round
 from lp.decode.params import GenerationParams, LookaheadParams
 from lp.decode.processors import RowBans, SeenPrompt
-# a caller's stopping test: (request key, its input as generate's criteria see it: seen prompt + output) -> stop
-StopTest = Callable[[Any, list[int]], bool]
 from lp.decode.propose import Proposer
 from lp.decode.sampling import Draws
-from lp.decode.stopping import StopChecker
+from lp.decode.stopping import StopChecker, StopTest
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import TokenTree
 from lp.decode.verify import Decision

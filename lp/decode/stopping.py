@@ -1,7 +1,10 @@
 """When a request ends: EOS ids, max_new_tokens, stop strings on decoded text, a caller's test."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
+
+# a caller's stopping test: (request key, its input as generate's criteria see it: seen prompt + output) -> stop
+StopTest = Callable[[Any, list[int]], bool]
 
 
 class StopChecker:
