@@ -42,7 +42,9 @@ BANS = [dict(no_repeat_ngram_size=3), dict(no_repeat_ngram_size=1), dict(bad_wor
         # biases, one-token and completed by a row's input, some on the same token, before a penalty
         dict(sequence_bias=[[[7, 7], 3.0], [[4], -2.0], [[11, 3, 3], 2.5], [[9], 1.5], [[1, 9], -4.0], [[2], 0.7]],
              repetition_penalty=1.2),
-        dict(forced_eos_token_id=[3, 9], no_repeat_ngram_size=2, min_new_tokens=1)]   # the last token forced
+        dict(forced_eos_token_id=[3, 9], no_repeat_ngram_size=2, min_new_tokens=1),   # the last token forced
+        # forced over a bad word (generate forces after banning), not over a suppressed id (it suppresses after)
+        dict(forced_eos_token_id=[4, 9], bad_words_ids=[[4]], suppress_tokens=[9])]
 
 
 @pytest.fixture(scope="module")

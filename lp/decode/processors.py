@@ -30,8 +30,9 @@ guesses from raw logits would rarely match a penalised output.
   input ends with its other tokens (RowBans lists those cells, as the bans). Two entries that could
   complete on one token at once are refused (GenerationParams), so a cell gets at most one.
 - **forced_eos_token_id** (ForcedEOSTokenLogitsProcessor): the row that predicts the last new token
-  (the max_new_tokens-th) scores those ids 0 and every other token -inf, after the bans and the
-  hold-back (which it overwrites) and before the suppressed tokens (which it does not).
+  (the max_new_tokens-th) scores those ids 0 and every other token -inf, after the bans, the bad
+  words and the hold-back (which it overwrites, a forced id that is a bad word included) and before
+  the suppressed tokens (which it does not: its scores leave the suppressed ids out).
 - **suppress_tokens** (SuppressTokensLogitsProcessor): those tokens, EOS ids included, are -inf in
   every verified row, as one-token bad words. **begin_suppress_tokens**
   (SuppressTokensAtBeginLogitsProcessor): -inf in the row that predicts a request's first new
@@ -175,7 +176,9 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
     row completes a multi-token sequence_bias entry, whose bias (plus the one-token bias of its token,
     summed in the scores' dtype as generate's processor sums them) is added instead; `forced` ([n, 1 + N]
     bool the verified rows that predict the last new token, [V] their scores: 0 at the forced EOS ids,
-    -inf elsewhere). The window's cells get the penalty of `seen` alone, and nothing else."""
+    -inf elsewhere, suppressed ids included: generate suppresses after forcing, and its forcing
+    overwrites every score, `words` included). The window's cells get the penalty of `seen` alone, and
+    nothing else."""
     scores = frame if frame.dtype in (torch.float32, torch.float64) else frame.float()
     if bias is not None:
         lifted = scores.clone(memory_format=torch.contiguous_format)
@@ -211,10 +214,10 @@ def process_rows(frame: torch.Tensor, deep: int, seen: torch.Tensor | None, tok:
         out[:, deep:].masked_fill_(hold[:, :, None] & eos, float("-inf"))
     if bans is not None:
         out.view(-1).index_fill_(0, bans, float("-inf"))
-    if forced is not None:       # after the bans and the hold-back, which it overwrites
-        out[:, deep:] = torch.where(forced[0][:, :, None], forced[1].to(out.dtype), out[:, deep:])
     if words is not None:
         out[:, deep:].masked_fill_(words, float("-inf"))
+    if forced is not None:       # after the bans, the bad words and the hold-back, which it overwrites
+        out[:, deep:] = torch.where(forced[0][:, :, None], forced[1].to(out.dtype), out[:, deep:])
     if opening is not None:
         out[:, deep].masked_fill_(opening, float("-inf"))
     return out
@@ -241,8 +244,9 @@ class Processors:
         self.eos_ids, self.device, self.vocab = list(eos_token_ids), device, vocab
         # the tokens no verified row emits: one-token bad words but EOS ids (generate leaves those out), and
         # suppress_tokens
+        self.suppressed = set(generation.suppress_tokens)
         self.word_ids = sorted(({w[0] for w in generation.bad_words_ids if len(w) == 1} - set(self.eos_ids))
-                               | set(generation.suppress_tokens))
+                               | self.suppressed)
         self.begin_ids = sorted(set(generation.begin_suppress_tokens))    # at a request's first new token
         self.forced_ids = sorted(set(generation.forced_eos_token_id))     # at its last new token
         self.last = generation.max_new_tokens - 1
@@ -338,9 +342,9 @@ class Processors:
             biased = (cells, self.table[entries])
         forced = None
         if "last" in dev:
-            if self.forced is None:
+            if self.forced is None:     # suppress_tokens come after the forcing in generate's order
                 self.forced = torch.full((v,), float("-inf"), device=self.device).masked_fill_(
-                    self._mask(self.forced_ids), 0.0)
+                    self._mask(sorted(set(self.forced_ids) - self.suppressed)), 0.0)
             forced = (dev["last"].view(n, -1).bool(), self.forced)
         return process_rows(frame, deep, seen, tok, ancestors, hold, self.eos, self.penalty, dev.get("bans"),
                             self.words, opening, self.bias, biased, forced)
