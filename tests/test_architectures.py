@@ -407,3 +407,30 @@ def test_lp_two_workers_across_position_thresholds(tmp_path):
         for i, ref in enumerate(expected):
             assert (rank["results"][i]["tokens"], rank["results"][i]["emitted"]) == \
                 (ref.token_ids, ref.emitted_per_round), names[i]
+
+
+def test_measuring_a_models_cache_layout_logs_no_padding_warning():
+    """lp reads each layer's K/V shapes with a one-token forward (kv_cache.layer_shapes): fed the pad id
+    without a mask, GPT-2-style models logged transformers' 'We strongly recommend passing in an
+    `attention_mask`' at a user's first lp.generate call."""
+    from transformers.utils import logging as hf_logging
+
+    from lp.decode.kv_cache import layer_shapes
+
+    class Seen(__import__("logging").Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+    seen, logger = Seen(), hf_logging.get_logger("transformers")
+    if hasattr(hf_logging.warning_once, "cache_clear"):   # a warning logged once per process: let it log again
+        hf_logging.warning_once.cache_clear()
+    logger.addHandler(seen)
+    try:
+        model = tiny_random("gpt2", dtype=torch.float64)
+        assert model.config.pad_token_id == 0 and len(layer_shapes(model)) == 2
+    finally:
+        logger.removeHandler(seen)
+    assert not [line for line in seen.lines if "attention_mask" in line], seen.lines

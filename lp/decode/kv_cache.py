@@ -93,8 +93,8 @@ def layer_shapes(model) -> list[LayerShape]:
         device = next(model.parameters()).device
         probe = DynamicCache()
         with torch.inference_mode():
-            forward(model, probe, input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
-                    position_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+            one = torch.ones(1, 1, dtype=torch.long, device=device)     # with its mask: a token id that is the
+            forward(model, probe, input_ids=one, position_ids=one - 1, attention_mask=one)  # pad id draws a warning
         shapes = [LayerShape(layer.keys.shape[1], layer.keys.shape[-1], layer.values.shape[1],
                              layer.values.shape[-1]) for layer in probe.layers]
         model._lp_layer_shapes = shapes
