@@ -13,6 +13,7 @@ from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     ForcedEOSTokenLogitsProcessor,
+    LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
@@ -61,6 +62,10 @@ _NOT_ROW_WISE = frozenset({"UnbatchedClassifierFreeGuidanceLogitsProcessor", "Cl
 # lp's own processors that commute with a prefix_allowed_tokens_fn (-inf fills both): generate applies them
 # after it, lp before
 _COMMUTE_WITH_PREFIX = (SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor)
+# lp's own processors that it also replays row by row after a prefix_allowed_tokens_fn: the forced EOS
+# overwrites every score generate's constraint left (lp's forcing came before the constraint), and the
+# suppressions after it then take their ids out again
+_REPLAYED = (ForcedEOSTokenLogitsProcessor, *_COMMUTE_WITH_PREFIX)
 # the generate option behind each logits processor or stopping criterion lp refuses, for its message
 _OPTION_OF = {
     "RepetitionPenaltyLogitsProcessor": "repetition_penalty", "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
@@ -137,10 +142,13 @@ def read_processors(processors, do_sample: bool, shape: tuple[int, int],
             if cut is not None:   # after a cutting warper: its cut would come first (temperature commutes)
                 raise ValueError(f"lp.lookahead applies {_named(p)} before the cutting warpers (top-k, top-p, "
                                  f"...), as generate orders its own; it cannot apply it after {_named(cut)}")
-            if custom and not (isinstance(p, _COMMUTE_WITH_PREFIX)
-                               and all(isinstance(c, PrefixConstrainedLogitsProcessor) for c in custom)):
-                raise ValueError(f"lp.lookahead applies {_named(p)} before the processors it calls row by row; it "
-                                 f"cannot apply it after {_named(custom[0])}")
+            if custom:       # after a prefix_allowed_tokens_fn: commuting with it, or replayed after it
+                if not (isinstance(p, _REPLAYED)
+                        and all(isinstance(c, (PrefixConstrainedLogitsProcessor, *_REPLAYED)) for c in custom)):
+                    raise ValueError(f"lp.lookahead applies {_named(p)} before the processors it calls row by row; "
+                                     f"it cannot apply it after {_named(custom[0])}")
+                if isinstance(p, ForcedEOSTokenLogitsProcessor) or any(isinstance(c, _REPLAYED) for c in custom):
+                    custom.append(p)
             if _biases(p) and applied is not None:
                 raise ValueError(f"lp.lookahead adds sequence_bias first, as generate orders its own processors; "
                                  f"it cannot add {_named(p)} after {_named(applied)}")
@@ -222,9 +230,36 @@ def row_processor_of(processors: Sequence) -> RowProcessor | None:
         for i, p in enumerate(processors):
             if i in allowed:      # transformers' own processor; each row of the call is request `key`'s
                 p = PrefixConstrainedLogitsProcessor(lambda _, ids, fn=allowed[i]: fn(key, ids), 1)
+            elif isinstance(p, PerRequest):
+                p = p.of(key)
             scores = p(input_ids, scores)
         return scores
     return process
+
+
+class PerRequest:
+    """A processor lp calls row by row whose settings depend on the request (lp.generate's prompts differ
+    in length, where generate's batch shares one): `make(key)` -> processor, made once per key."""
+
+    def __init__(self, make):
+        self.make, self.made = make, {}
+
+    def of(self, key):
+        if key not in self.made:
+            self.made[key] = self.make(key)
+        return self.made[key]
+
+
+def replayed_forcing(prompt_length: int, generation, device) -> LogitsProcessorList:
+    """generate's processors from the forced EOS on, for a prompt of `prompt_length` tokens: lp replays
+    them row by row after a prefix_allowed_tokens_fn, which generate applies before them (_REPLAYED)."""
+    out = LogitsProcessorList([ForcedEOSTokenLogitsProcessor(prompt_length + generation.max_new_tokens,
+                                                             list(generation.forced_eos_token_id), device)])
+    if generation.suppress_tokens:
+        out.append(SuppressTokensLogitsProcessor(list(generation.suppress_tokens), device))
+    if generation.begin_suppress_tokens:
+        out.append(SuppressTokensAtBeginLogitsProcessor(list(generation.begin_suppress_tokens), prompt_length, device))
+    return out
 
 
 class AllowedIds:

@@ -59,8 +59,8 @@ from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
-from lp.hf_processing import (STOPS, bias_entries, no_op, read_processors, row_processor_of, row_wise, stop_test,
-                              token_ids)
+from lp.hf_processing import (STOPS, PerRequest, bias_entries, no_op, read_processors, replayed_forcing,
+                              row_processor_of, row_wise, stop_test, token_ids)
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
 from lp.measure.cost_model import budget_kwargs, row_costs
 from lp.messages import short_repr
@@ -257,10 +257,10 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         if not callable(prefix_allowed_tokens_fn):
             raise ValueError(f"prefix_allowed_tokens_fn must be a function (batch_id, input_ids) -> allowed token "
                              f"ids; got {short_repr(prefix_allowed_tokens_fn, 60)}")
-        if generation.forced_eos_token_id:      # generate forces the EOS after the constraint, lp before
-            raise ValueError("lp.generate applies forced_eos_token_id before the processors it calls row by row; "
-                             "it cannot apply it after prefix_allowed_tokens_fn")
         custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
+        if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
+            device = next(model.parameters()).device
+            custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
     stop_when = stop_test(list(stopping_criteria or ()), next(model.parameters()).device)
     if streamer is not None:
         streamer.put(torch.tensor(batch))

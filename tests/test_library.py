@@ -117,6 +117,11 @@ def allowed_after(batch_id, ids):
     return [t for t in range(64) if (t + last + batch_id) % 3]
 
 
+def allowed_but_3(batch_id, ids):
+    """allowed_after without token 3: generate forces a forced EOS of 3 after the constraint all the same."""
+    return [t for t in allowed_after(batch_id, ids) if t != 3] or [5]
+
+
 def allowed_in_a_buffer():
     """allowed_after, handed back in one list that each call overwrites (the kept indexes must follow it)."""
     buffer = []
@@ -141,8 +146,9 @@ class Lift(LogitsProcessor):
     (dict(encoder_no_repeat_ngram_size=2),
      r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) exactly: it reads more than each row's"),
     (dict(guidance_scale=1.5), r"UnbatchedClassifierFreeGuidanceLogitsProcessor \(guidance_scale\) exactly"),
-    (dict(prefix_allowed_tokens_fn=allowed_after, forced_eos_token_id=3),
-     r"applies ForcedEOSTokenLogitsProcessor \(forced_eos_token_id\) before the processors it calls row by row; "
+    (dict(prefix_allowed_tokens_fn=allowed_after,
+          logits_processor=LogitsProcessorList([Lift(), RepetitionPenaltyLogitsProcessor(1.2)])),
+     r"applies RepetitionPenaltyLogitsProcessor \(repetition_penalty\) before the processors it calls row by row; "
      r"it cannot apply it after PrefixConstrainedLogitsProcessor \(prefix_allowed_tokens_fn\)"),
     (dict(exponential_decay_length_penalty=(5, 1.5), suppress_tokens=[3]),
      r"cannot apply it after ExponentialDecayLengthPenalty \(exponential_decay_length_penalty\)"),
@@ -236,7 +242,10 @@ def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
          repetition_penalty=1.2),
     dict(logits_processor=LogitsProcessorList([Lift()]), no_repeat_ngram_size=3),
     dict(exponential_decay_length_penalty=(2, 1.6), eos_token_id=5),
-    dict(remove_invalid_values=True, logits_processor=LogitsProcessorList([Lift()]), forced_eos_token_id=[9])])
+    dict(remove_invalid_values=True, logits_processor=LogitsProcessorList([Lift()]), forced_eos_token_id=[9]),
+    # generate forces the EOS after the constraint, then suppresses: lp replays both after it, row by row
+    dict(prefix_allowed_tokens_fn=allowed_but_3, forced_eos_token_id=[3, 9], suppress_tokens=[9, 30],
+         begin_suppress_tokens=[1])])
 def test_drop_in_calls_other_processors_row_by_row(model, kwargs):
     """float64: a processor lp has no device form of (prefix_allowed_tokens_fn with the row's batch id,
     a user's LogitsProcessor, exponential_decay_length_penalty, remove_invalid_values) is called on every
@@ -470,7 +479,10 @@ def test_generate_calls_processors_row_by_row(model):
     cannot call row by row, or in generate's order, it refuses."""
     ids, mask = left_padded(PROMPTS)
     for knobs in (dict(prefix_allowed_tokens_fn=allowed_after, suppress_tokens=[30]),
-                  dict(logits_processor=[Lift()], repetition_penalty=1.2, forced_eos_token_id=7)):
+                  dict(logits_processor=[Lift()], repetition_penalty=1.2, forced_eos_token_id=7),
+                  # forced after the constraint (which never allows 3), then suppressed, as generate orders them
+                  dict(prefix_allowed_tokens_fn=allowed_but_3, forced_eos_token_id=[3, 9], suppress_tokens=[9],
+                       begin_suppress_tokens=[1], logits_processor=[Lift()])):
         run = lambda **more: [upto_eos(model, r) for r in  # noqa: E731
                               plain(model, ids, mask, max_new_tokens=20, **more)[:, ids.shape[1]:].tolist()]
         want = run(**{k: LogitsProcessorList(v) if k == "logits_processor" else v for k, v in knobs.items()})
@@ -480,8 +492,6 @@ def test_generate_calls_processors_row_by_row(model):
             got = lp.generate(model, PROMPTS, max_new_tokens=20, batch_size=batch_size, row_budget=False, **knobs,
                               **TREE)
             assert [r.token_ids for r in got] == want, (knobs, batch_size)
-    with pytest.raises(ValueError, match=r"cannot apply it after prefix_allowed_tokens_fn"):
-        lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=allowed_after, forced_eos_token_id=3)
     with pytest.raises(ValueError, match=r"prefix_allowed_tokens_fn must be a function"):
         lp.generate(model, PROMPTS[0], prefix_allowed_tokens_fn=[1, 2])
     encoder = EncoderNoRepeatNGramLogitsProcessor(2, torch.tensor([[1, 2]]))
