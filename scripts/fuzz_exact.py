@@ -1,0 +1,243 @@
+"""Differential fuzzing of lp.generate against transformers' greedy `generate`, in float64.
+
+The test grids each vary one thing at a time (a family, a lookahead setting, a processor, a batch size);
+this draws them all at once: each case is a seeded random draw of a tiny model (family, vocabulary,
+weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens and EOS ids, every
+lookahead key, the batch size and row budget, and generate's processors, and checks every prompt's ids
+against `model.generate(do_sample=False)` on that prompt alone. A case is a pure function of its number
+(`draw_case`), so any failure is replayed with `--case N`.
+
+    python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
+    python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
+    torchrun --nproc-per-node 2 scripts/fuzz_exact.py --minutes 10     # the same cases under LP (gloo)
+
+Under torchrun every call decodes with Lookahead Parallelism over the launched world (each rank feeds its
+share of every round's rows; rank 0 drafts), and each rank checks its own ids.
+
+Prints one line per failing case (the case, the prompt, the first differing position) and a count; exits
+1 if any case failed. tests/test_fuzz_exact.py runs a few cases in the default suite.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lp  # noqa: E402
+from lp.tiny import tiny_random  # noqa: E402
+
+# families with the most distinct attention code paths (sliding windows, soft-capping, biases, partial
+# rotary, learned positions, MLA, experts); each tiny model decodes in milliseconds per round
+FAMILIES = ("llama", "llama", "qwen2-swa", "gemma2", "mistral-swa", "phi", "gpt2", "gpt-neox", "falcon",
+            "deepseek-v3", "smollm3")
+
+
+def draw_case(case: int) -> dict:
+    """Case `case`: the model, prompts and every knob, as JSON-able values (the same on every machine)."""
+    r = random.Random(case)
+    vocab = r.choice((16, 24, 64))
+    low = 3                                                     # 0 pad, 1 bos, 2 the models' default EOS
+    motif = [r.randrange(low, vocab) for _ in range(r.randint(2, 6))]
+
+    def prompt():
+        ids, length = [], r.randint(1, 24)
+        while len(ids) < length:
+            ids += motif[:r.randint(1, len(motif))] if r.random() < 0.5 else [r.randrange(low, vocab)]
+        return ids
+    keys = dict(window=r.choice((0, 1, 2, 4, 8)), ngram=r.randint(3, 6), guesses=r.choice((0, 1, 3, 8)),
+                pool_seeding=r.random() < 0.7, lookup_candidates=r.choice((0, 0, 1, 3)),
+                lookup_tokens=r.randint(1, 10), lookup_ngram=r.randint(1, 3),
+                suffix_factor=r.choice((0.0, 0.0, 1.0, 4.0)), suffix_tokens=r.choice((4, 16, 32)), suffix_min_score=r.choice((0.0, 0.0, 0.3)),
+                job_cache=r.random() < 0.5, tree_budget=r.choice((0, 0, 6, 24)),
+                row_budget=r.random() < 0.3, prefix_reuse=r.random() < 0.7)
+    if keys["window"] == 0:
+        keys["guesses"] = 0
+    knobs = {}
+    if r.random() < 0.5:
+        pool = dict(repetition_penalty=round(r.uniform(0.6, 1.6), 2), no_repeat_ngram_size=r.randint(2, 4),
+                    min_new_tokens=r.randint(1, 12), suppress_tokens=r.sample(range(low, vocab), 2),
+                    begin_suppress_tokens=r.sample(range(low, vocab), 3),
+                    bad_words_ids=[[r.randrange(low, vocab)], r.sample(range(low, vocab), 2)],
+                    sequence_bias=[[[r.randrange(low, vocab)], round(r.uniform(-4, 4), 1)],
+                                   [r.sample(range(low, vocab), 2), round(r.uniform(-4, 4), 1)]],
+                    forced_eos_token_id=r.randrange(low, vocab))
+        knobs = {k: pool[k] for k in r.sample(sorted(pool), r.randint(1, 3))}
+    eos = r.choice(([2], [r.randrange(low, vocab)], r.sample(range(low, vocab), 2)))
+    family = r.choice(FAMILIES)
+    # the entry: lp.generate, or generate's drop-in on a left-padded batch (not Gemma 2's: generate's own
+    # padded rows come out NaN there)
+    entry = "drop-in" if r.random() < 0.3 and family != "gemma2" else "generate"
+    return dict(case=case, family=family, vocab=vocab, seed=r.randrange(1000),
+                prompts=[prompt() for _ in range(r.randint(1, 4))], max_new_tokens=r.randint(1, 48), eos=eos,
+                batch_size=r.randint(1, 4), keys=keys, knobs=knobs, entry=entry,
+                # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
+                # row by row
+                allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2)
+
+
+_models: dict = {}
+
+
+def model_of(spec: dict):
+    key = (spec["family"], spec["vocab"], spec["seed"])
+    if key not in _models:
+        _models.clear()         # one model at a time: the row budget's costs are kept per model
+        _models[key] = tiny_random(spec["family"], vocab=spec["vocab"], seed=spec["seed"], dtype=torch.float64,
+                                   experts_implementation="eager")
+    return _models[key]
+
+
+def allowed_fn(multiplier: int, vocab: int, eos: list[int]):
+    """A prefix_allowed_tokens_fn: every token but (last id x multiplier + batch id) mod the vocabulary,
+    EOS ids always allowed."""
+    def allowed(batch_id: int, ids: torch.Tensor) -> list[int]:
+        banned = (int(ids[-1]) * multiplier + batch_id) % vocab
+        return [t for t in range(vocab) if t != banned or t in eos]
+    return allowed
+
+
+class StopOnRepeat(StoppingCriteria):
+    """Stops a row whose last two tokens are equal (a row-wise criterion, as lp tests them)."""
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == input_ids[:, -2]
+
+
+def extras(spec: dict, batch_id: int | None = None) -> dict:
+    """The case's processors and criteria as generate takes them; `batch_id`: the one prompt's index, for
+    a reference that decodes it alone (lp.generate calls the function with the prompt's index)."""
+    out = dict(spec["knobs"])
+    if spec["allowed"] is not None:
+        fn = allowed_fn(spec["allowed"], spec["vocab"], spec["eos"])
+        out["prefix_allowed_tokens_fn"] = fn if batch_id is None else lambda _, ids: fn(batch_id, ids)
+    if spec["stop_on_repeat"]:
+        out["stopping_criteria"] = StoppingCriteriaList([StopOnRepeat()])
+    return out
+
+
+def padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    return (torch.tensor([[0] * (width - len(p)) + p for p in prompts]),
+            torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
+
+
+def hf_generate(model, ids, mask, spec: dict, **more) -> torch.Tensor:
+    return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                          max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"], **more)
+
+
+def reference(model, spec: dict, i: int) -> list[int]:
+    """generate's greedy ids after prompt `i` alone, up to and including the first EOS."""
+    x = torch.tensor([spec["prompts"][i]])
+    ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
+    return next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
+
+
+def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int]:
+    """lp's ids and generate's, per prompt or per padded row, and lp's rounds that committed several
+    tokens (-1 for the drop-in, which does not report them)."""
+    if spec["entry"] == "drop-in":
+        ids, mask = padded(spec["prompts"])
+        got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
+                          **extras(spec), **spec["keys"])
+        want = hf_generate(model, ids, mask, spec, **extras(spec))
+        return got.tolist(), want.tolist(), -1
+    result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
+                         batch_size=spec["batch_size"], **extras(spec), **spec["keys"])
+    return ([r.token_ids for r in result], [reference(model, spec, i) for i in range(len(spec["prompts"]))],
+            sum(e > 1 for r in result for e in r.emitted_per_round))
+
+
+def run_case(spec: dict) -> tuple[list[dict], int]:
+    """The prompts whose lp ids differ from generate's ([{prompt, want, got, at}]; empty: the case holds,
+    a refusal too where generate refuses the same knobs) and how many of lp's rounds committed several
+    tokens (the drafts the case exercised; 0 for the drop-in)."""
+    model = model_of(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # generate's notes on infeasible lengths and such
+        try:
+            got, wanted, multi = decode(model, spec)
+        except ValueError as refused:
+            try:
+                reference(model, spec, 0)
+            except ValueError:
+                return [], 0                    # generate refuses them too
+            return [dict(error=f"lp refused what generate decodes: {refused}")], 0
+    wrong = []
+    for i, (want, ids) in enumerate(zip(wanted, got)):
+        if ids != want or len(got) != len(wanted):
+            at = next((k for k, (a, b) in enumerate(zip(want, ids)) if a != b), min(len(want), len(ids)))
+            wrong.append(dict(prompt=i, want=want, got=ids, at=at))
+    return wrong, max(multi, 0)
+
+
+def under_lp():
+    """The torchrun world's Comm with lp.generate and the drop-in decoding over it (None: one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
+    import lp.library
+    from lp.parallel.dist import init_distributed
+    comm = init_distributed("gloo", timeout_s=120)
+    for name in ("decode_batch", "lookahead_generate"):
+        setattr(lp.library, name, functools.partial(getattr(lp.library, name), comm=comm))
+    return comm
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", type=int, help="run this one case")
+    ap.add_argument("--first", type=int, default=0, help="the first case number (default 0)")
+    ap.add_argument("--cases", type=int, default=None, help="how many cases (default: until --minutes)")
+    ap.add_argument("--minutes", type=float, default=5.0, help="stop starting cases after this long (default 5)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every case drawn")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cases = [args.case] if args.case is not None else \
+        range(args.first, args.first + args.cases) if args.cases is not None else itertools.count(args.first)
+    comm = under_lp()
+    rank = f"rank {comm.rank}: " if comm is not None else ""
+    start, done, failed, multi = time.monotonic(), 0, [], 0
+    for case in cases:
+        go = args.case is not None or args.cases is not None or time.monotonic() - start <= 60 * args.minutes
+        if comm is not None:        # every rank decodes the same cases: rank 0's clock decides
+            flag = torch.tensor([int(go)])
+            torch.distributed.broadcast(flag, 0, group=comm.cpu_group)
+            go = bool(flag)
+        if not go:
+            break
+        spec = draw_case(case)
+        if args.verbose:
+            print(json.dumps(spec), flush=True)
+        try:
+            wrong, rounds = run_case(spec)
+            multi += rounds
+        except Exception as e:      # a crash is a failure of the case too: report it and go on
+            wrong = [dict(error=f"{type(e).__name__}: {e}")]
+        done += 1
+        if wrong:
+            failed.append(case)
+            for w in wrong:
+                print(f"{rank}case {case} ({spec['family']}): {json.dumps(w)}", flush=True)
+    if comm is not None:
+        from lp.parallel.dist import shutdown
+        rank += f"world {comm.world}, {comm.collectives} collectives, "
+        shutdown(comm)
+    print(f"{rank}{done} cases ({time.monotonic() - start:.0f} s, {multi} rounds committing several tokens), "
+          f"{len(failed)} failed"
+          + (f": {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""scripts/fuzz_exact.py in the default suite: a few dozen of its random cases (each a tiny float64 model of
+some family, prompts, every lookahead key, the batch size, generate's processors, a row-wise
+prefix_allowed_tokens_fn and stopping criterion, lp.generate or the drop-in) decode to generate's ids;
+the cases it found wrong stay pinned; and a wrong decode is reported, not passed."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import fuzz_exact  # noqa: E402
+
+# cases the fuzzer found wrong, as it drew them then: a forced EOS id that is also a one-token bad word
+# (generate bans, then forces; lp forced, then banned, and emitted token 0)
+FOUND = [
+    dict(case=396, family="falcon", vocab=16, seed=31, prompts=[[6, 13, 7, 13, 13, 7, 11, 6, 8, 13, 7, 11, 15, 13, 7, 13, 7],
+                                                                [13, 15, 13, 7, 13, 4, 13, 7, 11], [7, 13, 7, 11]],
+         max_new_tokens=35, eos=[14, 7], batch_size=1,
+         keys=dict(window=1, ngram=5, guesses=8, pool_seeding=True, lookup_candidates=1, lookup_tokens=10,
+                   lookup_ngram=2, suffix_factor=0.0, suffix_tokens=16, suffix_min_score=0.0, job_cache=False,
+                   tree_budget=0, row_budget=False, prefix_reuse=True),
+         knobs=dict(bad_words_ids=[[8], [5, 7]], forced_eos_token_id=8, min_new_tokens=9)),
+    dict(case=658, family="gemma2", vocab=16, seed=832, prompts=[[5, 4, 13, 13, 4, 13, 11, 9],
+                                                                 [4, 13, 4, 13, 11, 9, 4, 13, 11, 9, 11, 4, 13, 4, 4, 5, 5,
+                                                                  13, 13]],
+         max_new_tokens=21, eos=[14], batch_size=2,
+         keys=dict(window=0, ngram=6, guesses=0, pool_seeding=True, lookup_candidates=0, lookup_tokens=1,
+                   lookup_ngram=2, suffix_factor=0.0, suffix_tokens=32, suffix_min_score=0.0, job_cache=True,
+                   tree_budget=0, row_budget=False, prefix_reuse=True),
+         knobs=dict(suppress_tokens=[11, 15], bad_words_ids=[[4], [12, 10]], forced_eos_token_id=4)),
+]
+
+
+@pytest.mark.parametrize("first", range(0, 40, 10))
+def test_random_cases_are_generates_ids(first):
+    drafted = 0
+    for case in range(first, first + 10):
+        wrong, multi = fuzz_exact.run_case(fuzz_exact.draw_case(case))
+        assert wrong == [], (case, wrong)
+        drafted += multi
+    assert drafted > 0          # the cases accept drafts: a round that commits one token proves little
+
+
+@pytest.mark.parametrize("spec,entry", [(FOUND[0], "generate"), (FOUND[0], "drop-in"), (FOUND[1], "generate")],
+                         ids=["396", "396-drop-in", "658"])     # (generate's padded Gemma 2 rows are NaN)
+def test_cases_once_found_wrong(spec, entry):
+    assert fuzz_exact.run_case(dict(spec, entry=entry, allowed=None, stop_on_repeat=False))[0] == []
+
+
+def test_the_draws_cover_every_entry_and_knob():
+    specs = [fuzz_exact.draw_case(c) for c in range(40)]
+    assert {s["entry"] for s in specs} == {"generate", "drop-in"}
+    assert any(s["allowed"] for s in specs) and any(s["stop_on_repeat"] for s in specs)
+    assert any(s["batch_size"] > 1 and s["keys"]["row_budget"] for s in specs)
+    assert len({k for s in specs for k in s["knobs"]}) >= 6
+    assert fuzz_exact.draw_case(7) == fuzz_exact.draw_case(7)       # a case is replayed by its number
+
+
+@pytest.mark.parametrize("entry", ["generate", "drop-in"])
+def test_a_wrong_decode_is_reported(entry, monkeypatch):
+    """lp with its last token changed: the fuzzer names the prompt and the position."""
+    spec = next(s for s in map(fuzz_exact.draw_case, range(100))
+                if s["entry"] == entry and s["max_new_tokens"] > 3 and not s["stop_on_repeat"])
+    real = fuzz_exact.decode
+
+    def off_by_one(model, spec):
+        got, want, multi = real(model, spec)
+        return [ids[:-1] + [(ids[-1] + 1) % spec["vocab"]] for ids in got], want, multi
+    monkeypatch.setattr(fuzz_exact, "decode", off_by_one)
+    wrong, _ = fuzz_exact.run_case(spec)
+    assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
+    assert all(w["at"] == len(w["want"]) - 1 for w in wrong)
+    assert fuzz_exact.main(["--case", str(spec["case"])]) == 1
+
+
+def test_random_cases_under_lp_are_generates_ids():
+    """Under torchrun (2 ranks, gloo) the same cases decode with LP: both ranks' ids are generate's."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(root / "scripts" / "fuzz_exact.py"), "--first", "40", "--cases", "8"],
+                          env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if " cases (" in line)
+    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], proc.stdout
+    for line in lines:
+        assert "world 2, " in line and " 0 collectives" not in line and line.endswith("0 failed"), line
