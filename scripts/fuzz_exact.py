@@ -4,7 +4,9 @@ The test grids each vary one thing at a time (a family, a lookahead setting, a p
 this draws them all at once: each case is a seeded random draw of a tiny model (family, vocabulary,
 weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens and EOS ids, every
 lookahead key, the batch size and row budget, and generate's processors, and checks every prompt's ids
-against `model.generate(do_sample=False)` on that prompt alone. A case is a pure function of its number
+against `model.generate(do_sample=False)` on that prompt alone; a sampled case, against a plain loop
+that draws each token with lp's uniform for that position (lp's sampling is exact that way: the same
+draws give the same tokens). A case is a pure function of its number
 (`draw_case`), so any failure is replayed with `--case N`.
 
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
@@ -31,11 +33,24 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.logits_process import (
+    ForcedEOSTokenLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lp  # noqa: E402
+from lp.decode.sampling import Draws, distribution, sample, warpers  # noqa: E402
+from lp.engine import GenerationParams  # noqa: E402
 from lp.tiny import tiny_random  # noqa: E402
 
 # families with the most distinct attention code paths (sliding windows, soft-capping, biases, partial
@@ -84,7 +99,19 @@ def draw_case(case: int) -> dict:
                 batch_size=r.randint(1, 4), keys=keys, knobs=knobs, entry=entry,
                 # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
                 # row by row
-                allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2)
+                allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2,
+                # lp.generate only (the drop-in draws from torch's generator): sampled with some of
+                # generate's warpers, checked against a plain loop drawing the k-th token with the same u_k
+                sampling=sampling(r) if entry == "generate" and r.random() < 0.3 else None)
+
+
+def sampling(r: random.Random) -> dict:
+    """A temperature, a seed and up to three of generate's other warpers."""
+    pool = dict(top_k=r.randint(1, 8), top_p=round(r.uniform(0.3, 0.95), 2), min_p=round(r.uniform(0.01, 0.2), 2),
+                typical_p=round(r.uniform(0.3, 0.95), 2), epsilon_cutoff=round(r.uniform(1e-3, 0.05), 3),
+                eta_cutoff=round(r.uniform(1e-3, 0.05), 3), top_h=round(r.uniform(0.5, 0.95), 2))
+    return dict(temperature=round(r.uniform(0.3, 1.5), 2), seed=r.randrange(1000),
+                **{k: pool[k] for k in r.sample(sorted(pool), r.randint(0, 3))})
 
 
 _models: dict = {}
@@ -137,8 +164,55 @@ def hf_generate(model, ids, mask, spec: dict, **more) -> torch.Tensor:
                           max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"], **more)
 
 
+def processors(spec: dict, i: int) -> LogitsProcessorList:
+    """generate's processors of the case's knobs for prompt `i` alone, in generate's order."""
+    k, eos, length = spec["knobs"], spec["eos"], len(spec["prompts"][i])
+    out = LogitsProcessorList()
+    if "sequence_bias" in k:
+        out.append(SequenceBiasLogitsProcessor(k["sequence_bias"]))
+    if "repetition_penalty" in k:
+        out.append(RepetitionPenaltyLogitsProcessor(k["repetition_penalty"]))
+    if "no_repeat_ngram_size" in k:
+        out.append(NoRepeatNGramLogitsProcessor(k["no_repeat_ngram_size"]))
+    if "bad_words_ids" in k:
+        out.append(NoBadWordsLogitsProcessor(k["bad_words_ids"], eos))
+    if "min_new_tokens" in k:
+        out.append(MinNewTokensLengthLogitsProcessor(length, k["min_new_tokens"], eos))
+    if spec["allowed"] is not None:
+        fn = allowed_fn(spec["allowed"], spec["vocab"], eos)
+        out.append(PrefixConstrainedLogitsProcessor(lambda _, ids: fn(i, ids), 1))
+    if "forced_eos_token_id" in k:
+        out.append(ForcedEOSTokenLogitsProcessor(length + spec["max_new_tokens"], [k["forced_eos_token_id"]]))
+    if "suppress_tokens" in k:
+        out.append(SuppressTokensLogitsProcessor(k["suppress_tokens"]))
+    if "begin_suppress_tokens" in k:
+        out.append(SuppressTokensAtBeginLogitsProcessor(k["begin_suppress_tokens"], length))
+    return out
+
+
+def sampled_reference(model, spec: dict, i: int) -> list[int]:
+    """Prompt `i` sampled by a plain loop: a whole forward per token, generate's processors, lp's warpers,
+    the k-th new token drawn with lp's k-th uniform of (seed, the prompt's index), as lp.generate
+    addresses its draws."""
+    gen = GenerationParams(spec["max_new_tokens"], **spec["sampling"])
+    warp, draws, process = warpers(gen), Draws(gen.seed, i), processors(spec, i)
+    if any(t in spec["knobs"].get("suppress_tokens", ()) for t in [spec["knobs"].get("forced_eos_token_id")]):
+        raise ValueError("forced_eos_token_id all in suppress_tokens")      # as generate refuses
+    seq = list(spec["prompts"][i])
+    for k in range(spec["max_new_tokens"]):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([seq])).logits[:, -1]
+        seq.append(sample(distribution(process(torch.tensor([seq]), logits)[0], warp), draws.uniform(k)))
+        if seq[-1] in spec["eos"] or (spec["stop_on_repeat"] and seq[-1] == seq[-2]):
+            break
+    return seq[len(spec["prompts"][i]):]
+
+
 def reference(model, spec: dict, i: int) -> list[int]:
-    """generate's greedy ids after prompt `i` alone, up to and including the first EOS."""
+    """generate's greedy ids after prompt `i` alone, up to and including the first EOS (sampled: the plain
+    loop's)."""
+    if spec.get("sampling"):
+        return sampled_reference(model, spec, i)
     x = torch.tensor([spec["prompts"][i]])
     ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
     return next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
@@ -153,8 +227,9 @@ def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int]:
                           **extras(spec), **spec["keys"])
         want = hf_generate(model, ids, mask, spec, **extras(spec))
         return got.tolist(), want.tolist(), -1
+    sampled = dict(do_sample=True, **spec["sampling"]) if spec.get("sampling") else {}
     result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
-                         batch_size=spec["batch_size"], **extras(spec), **spec["keys"])
+                         batch_size=spec["batch_size"], **extras(spec), **sampled, **spec["keys"])
     return ([r.token_ids for r in result], [reference(model, spec, i) for i in range(len(spec["prompts"]))],
             sum(e > 1 for r in result for e in r.emitted_per_round))
 

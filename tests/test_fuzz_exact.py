@@ -1,7 +1,8 @@
 """scripts/fuzz_exact.py in the default suite: a few dozen of its random cases (each a tiny float64 model of
 some family, prompts, every lookahead key, the batch size, generate's processors, a row-wise
-prefix_allowed_tokens_fn and stopping criterion, lp.generate or the drop-in) decode to generate's ids;
-the cases it found wrong stay pinned; and a wrong decode is reported, not passed."""
+prefix_allowed_tokens_fn and stopping criterion, lp.generate or the drop-in) decode to generate's ids (sampled ones to
+a plain loop's with the same draws); the cases it found wrong stay pinned;
+and a wrong decode is reported, not passed."""
 import sys
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def test_the_draws_cover_every_entry_and_knob():
     specs = [fuzz_exact.draw_case(c) for c in range(40)]
     assert {s["entry"] for s in specs} == {"generate", "drop-in"}
     assert any(s["allowed"] for s in specs) and any(s["stop_on_repeat"] for s in specs)
+    assert any(s["sampling"] and len(s["sampling"]) > 2 for s in specs)        # warpers beside the temperature
     assert any(s["batch_size"] > 1 and s["keys"]["row_budget"] for s in specs)
     assert len({k for s in specs for k in s["knobs"]}) >= 6
     assert fuzz_exact.draw_case(7) == fuzz_exact.draw_case(7)       # a case is replayed by its number
