@@ -217,31 +217,41 @@ def reference(model, spec: dict, i: int) -> list[int]:
     return next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
 
 
-def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int]:
-    """lp's ids and generate's, per prompt or per padded row, and lp's rounds that committed several
-    tokens (-1 for the drop-in, which does not report them)."""
+def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, list[str] | None]:
+    """lp's ids and generate's, per prompt or per padded row, lp's rounds that committed several tokens
+    (-1 for the drop-in, which does not report them) and lp.generate's finish reasons (None: the drop-in)."""
     if spec["entry"] == "drop-in":
         ids, mask = padded(spec["prompts"])
         got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
                           **extras(spec), **spec["keys"])
         want = hf_generate(model, ids, mask, spec, **extras(spec))
-        return got.tolist(), want.tolist(), -1
+        return got.tolist(), want.tolist(), -1, None
     sampled = dict(do_sample=True, **spec["sampling"]) if spec.get("sampling") else {}
     result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
                          batch_size=spec["batch_size"], **extras(spec), **sampled, **spec["keys"])
     return ([r.token_ids for r in result], [reference(model, spec, i) for i in range(len(spec["prompts"]))],
-            sum(e > 1 for r in result for e in r.emitted_per_round))
+            sum(e > 1 for r in result for e in r.emitted_per_round), [r.finish_reason for r in result])
+
+
+def finish_reason(spec: dict, i: int, ids: list[int]) -> str | None:
+    """Why prompt `i`'s output `ids` ends, in lp's precedence: an EOS, the stopping criterion, the length."""
+    seq = spec["prompts"][i] + ids
+    if ids and ids[-1] in spec["eos"]:
+        return "eos"
+    if ids and spec["stop_on_repeat"] and seq[-1] == seq[-2]:
+        return "stop"
+    return "length" if len(ids) == spec["max_new_tokens"] else None
 
 
 def run_case(spec: dict) -> tuple[list[dict], int]:
-    """The prompts whose lp ids differ from generate's ([{prompt, want, got, at}]; empty: the case holds,
-    a refusal too where generate refuses the same knobs) and how many of lp's rounds committed several
-    tokens (the drafts the case exercised; 0 for the drop-in)."""
+    """The prompts whose lp ids differ from generate's ([{prompt, want, got, at}]) or whose finish reason is
+    not why the ids end (empty: the case holds, a refusal too where generate refuses the same knobs), and
+    how many of lp's rounds committed several tokens (the drafts the case exercised; 0 for the drop-in)."""
     model = model_of(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")         # generate's notes on infeasible lengths and such
         try:
-            got, wanted, multi = decode(model, spec)
+            got, wanted, multi, reasons = decode(model, spec)
         except ValueError as refused:
             try:
                 reference(model, spec, 0)
@@ -253,6 +263,8 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
         if ids != want or len(got) != len(wanted):
             at = next((k for k, (a, b) in enumerate(zip(want, ids)) if a != b), min(len(want), len(ids)))
             wrong.append(dict(prompt=i, want=want, got=ids, at=at))
+        elif reasons is not None and reasons[i] != finish_reason(spec, i, ids):
+            wrong.append(dict(prompt=i, finish_reason=reasons[i], want=finish_reason(spec, i, ids)))
     return wrong, max(multi, 0)
 
 

@@ -66,13 +66,27 @@ def test_a_wrong_decode_is_reported(entry, monkeypatch):
     real = fuzz_exact.decode
 
     def off_by_one(model, spec):
-        got, want, multi = real(model, spec)
-        return [ids[:-1] + [(ids[-1] + 1) % spec["vocab"]] for ids in got], want, multi
+        got, want, multi, reasons = real(model, spec)
+        return [ids[:-1] + [(ids[-1] + 1) % spec["vocab"]] for ids in got], want, multi, reasons
     monkeypatch.setattr(fuzz_exact, "decode", off_by_one)
     wrong, _ = fuzz_exact.run_case(spec)
     assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
     assert all(w["at"] == len(w["want"]) - 1 for w in wrong)
     assert fuzz_exact.main(["--case", str(spec["case"])]) == 1
+
+
+def test_a_wrong_finish_reason_is_reported(monkeypatch):
+    """lp.generate's results with every finish reason swapped for another: each prompt is named."""
+    spec = next(s for s in map(fuzz_exact.draw_case, range(100)) if s["entry"] == "generate")
+    real = fuzz_exact.decode
+
+    def swapped(model, spec):
+        got, want, multi, reasons = real(model, spec)
+        return got, want, multi, [{"eos": "length"}.get(r, "eos") for r in reasons]
+    monkeypatch.setattr(fuzz_exact, "decode", swapped)
+    wrong, _ = fuzz_exact.run_case(spec)
+    assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
+    assert all("finish_reason" in w for w in wrong)
 
 
 def test_random_cases_under_lp_are_generates_ids():
