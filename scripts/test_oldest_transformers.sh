@@ -5,7 +5,8 @@
 # and generate (every call lives in lp/decode/kv_cache.py, lp/decode/arch.py and lp/library.py; the
 # processors lp applies as generate does, lp/decode/processors.py):
 # batched and single rounds against generate in float64, the architecture matrix, op and sync
-# counts, the library entry and batched jobs under torchrun (the GPU machine has the lower end).
+# counts, the library entry, batched jobs under torchrun and the fuzzer's cases (the GPU machine has
+# the lower end).
 #   bash scripts/test_oldest_transformers.sh          # after scripts/install.sh; about 5 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,4 @@ EOF
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/test_batch.py tests/test_prefix.py tests/test_architectures.py tests/test_exactness.py \
     tests/test_round_ops.py tests/test_syncs.py tests/test_library.py tests/test_batch_jobs.py tests/test_processors.py \
-    tests/test_baseline.py tests/test_sampling.py::test_warpers_are_generates
+    tests/test_baseline.py tests/test_sampling.py::test_warpers_are_generates tests/test_fuzz_exact.py
