@@ -13,8 +13,9 @@ draws give the same tokens). A case is a pure function of its number
     python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
     torchrun --nproc-per-node 2 scripts/fuzz_exact.py --minutes 10     # the same cases under LP (gloo)
 
-Under torchrun every call decodes with Lookahead Parallelism over the launched world (each rank feeds its
-share of every round's rows; rank 0 drafts), and each rank checks its own ids.
+Under torchrun every call decodes with Lookahead Parallelism over the launched world, or over groups of
+`--lp-size` ranks of the dp x lp mesh (each rank feeds its share of every round's rows; the group's
+leader drafts), and each rank checks its own ids.
 
 Prints one line per failing case (the case, the prompt, the first differing position) and a count; exits
 1 if any case failed. tests/test_fuzz_exact.py runs a few cases in the default suite.
@@ -268,13 +269,14 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
     return wrong, max(multi, 0)
 
 
-def under_lp():
-    """The torchrun world's Comm with lp.generate and the drop-in decoding over it (None: one process)."""
+def under_lp(lp_size: int | None = None):
+    """This rank's LP group's Comm (the torchrun world, or groups of `lp_size`) with lp.generate and the
+    drop-in decoding over it (None: one process)."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return None
     import lp.library
     from lp.parallel.dist import init_distributed
-    comm = init_distributed("gloo", timeout_s=120)
+    comm = init_distributed("gloo", timeout_s=120, lp_size=lp_size)
     for name in ("decode_batch", "lookahead_generate"):
         setattr(lp.library, name, functools.partial(getattr(lp.library, name), comm=comm))
     return comm
@@ -286,19 +288,21 @@ def main(argv=None) -> int:
     ap.add_argument("--first", type=int, default=0, help="the first case number (default 0)")
     ap.add_argument("--cases", type=int, default=None, help="how many cases (default: until --minutes)")
     ap.add_argument("--minutes", type=float, default=5.0, help="stop starting cases after this long (default 5)")
+    ap.add_argument("--lp-size", type=int, default=None,
+                    help="under torchrun: LP groups of this many ranks, each decoding every case (default: one group)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case drawn")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cases = [args.case] if args.case is not None else \
         range(args.first, args.first + args.cases) if args.cases is not None else itertools.count(args.first)
-    comm = under_lp()
-    rank = f"rank {comm.rank}: " if comm is not None else ""
+    comm = under_lp(args.lp_size)
+    rank = f"rank {comm.job_rank}: " if comm is not None else ""
     start, done, failed, multi = time.monotonic(), 0, [], 0
     for case in cases:
         go = args.case is not None or args.cases is not None or time.monotonic() - start <= 60 * args.minutes
-        if comm is not None:        # every rank decodes the same cases: rank 0's clock decides
+        if comm is not None:        # every rank decodes the same cases: global rank 0's clock decides
             flag = torch.tensor([int(go)])
-            torch.distributed.broadcast(flag, 0, group=comm.cpu_group)
+            torch.distributed.broadcast(flag, 0)
             go = bool(flag)
         if not go:
             break
@@ -317,7 +321,7 @@ def main(argv=None) -> int:
                 print(f"{rank}case {case} ({spec['family']}): {json.dumps(w)}", flush=True)
     if comm is not None:
         from lp.parallel.dist import shutdown
-        rank += f"world {comm.world}, {comm.collectives} collectives, "
+        rank += f"world {comm.world}, {comm.dp_size} group(s), {comm.collectives} collectives, "
         shutdown(comm)
     print(f"{rank}{done} cases ({time.monotonic() - start:.0f} s, {multi} rounds committing several tokens), "
           f"{len(failed)} failed"

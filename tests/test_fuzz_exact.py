@@ -89,18 +89,24 @@ def test_a_wrong_finish_reason_is_reported(monkeypatch):
     assert all("finish_reason" in w for w in wrong)
 
 
-def test_random_cases_under_lp_are_generates_ids():
-    """Under torchrun (2 ranks, gloo) the same cases decode with LP: both ranks' ids are generate's."""
+@pytest.mark.parametrize("nproc,lp_size", [(2, None), (4, 2)])
+def test_random_cases_under_lp_are_generates_ids(nproc, lp_size):
+    """Under torchrun (gloo) the same cases decode with LP, over the world or in dp x lp groups: every
+    rank's ids are generate's."""
     import os
+    import re
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(root / "scripts" / "fuzz_exact.py"), "--first", "40", "--cases", "8"],
+    more = ["--lp-size", str(lp_size)] if lp_size else []
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           str(root / "scripts" / "fuzz_exact.py"), "--first", "40", "--cases", "8", *more],
                           env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if " cases (" in line)
-    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], proc.stdout
-    for line in lines:
-        assert "world 2, " in line and " 0 collectives" not in line and line.endswith("0 failed"), line
+    ends = re.findall(r"rank (\d+): world (\d+), (\d+) group\(s\), (\d+) collectives, 8 cases \(.*?\), (\d+) failed",
+                      proc.stdout)
+    assert sorted(int(e[0]) for e in ends) == list(range(nproc)), proc.stdout
+    for rank, world, groups, collectives, failed in ends:
+        assert (int(world), int(groups)) == (lp_size or nproc, nproc // (lp_size or nproc)), proc.stdout
+        assert int(collectives) > 0 and failed == "0", proc.stdout
