@@ -1,13 +1,15 @@
-"""Differential fuzzing of lp.generate against transformers' greedy `generate`, in float64.
+"""Differential fuzzing of lp.generate and the generate drop-in against transformers' `generate`, in float64.
 
 The test grids each vary one thing at a time (a family, a lookahead setting, a processor, a batch size);
 this draws them all at once: each case is a seeded random draw of a tiny model (family, vocabulary,
 weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens and EOS ids, every
-lookahead key, the batch size and row budget, and generate's processors, and checks every prompt's ids
-against `model.generate(do_sample=False)` on that prompt alone; a sampled case, against a plain loop
-that draws each token with lp's uniform for that position (lp's sampling is exact that way: the same
-draws give the same tokens). A case is a pure function of its number
-(`draw_case`), so any failure is replayed with `--case N`.
+lookahead key, the batch size and row budget, generate's processors, a row-wise prefix_allowed_tokens_fn
+and stopping criterion, stop strings, and the entry (lp.generate, or the drop-in on a left-padded batch).
+It checks every prompt's ids against `model.generate(do_sample=False)` on that prompt alone (the drop-in:
+on the same batch); a sampled case, against a plain loop that draws each token with lp's uniform for that
+position (lp's sampling is exact that way: the same draws give the same tokens); and lp.generate's finish
+reasons and stop-cut text. A case is a pure function of its number (`draw_case`), so any failure is
+replayed with `--case N`.
 
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
     python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lp  # noqa: E402
 from lp.decode.sampling import Draws, distribution, sample, warpers  # noqa: E402
 from lp.engine import GenerationParams  # noqa: E402
+from lp.models import TinyTokenizer  # noqa: E402
 from lp.tiny import FAMILIES as TINY_FAMILIES, tiny_random  # noqa: E402
 
 # every family of the architecture matrix (sliding windows, soft-capping, biases, partial rotary, learned
@@ -102,7 +105,15 @@ def draw_case(case: int) -> dict:
                 allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2,
                 # lp.generate only (the drop-in draws from torch's generator): sampled with some of
                 # generate's warpers, checked against a plain loop drawing the k-th token with the same u_k
-                sampling=sampling(r) if entry == "generate" and r.random() < 0.3 else None)
+                sampling=sampling(r) if entry == "generate" and r.random() < 0.3 else None,
+                # lp.generate's stop strings on the decoded new text (lp.models.TinyTokenizer: a character a token)
+                stop=stop_strings(r, vocab) if entry == "generate" and r.random() < 0.25 else [])
+
+
+def stop_strings(r: random.Random, vocab: int) -> list[str]:
+    """One or two strings of one to three of the vocabulary's characters."""
+    chars = TinyTokenizer(vocab).decode(list(range(3, vocab)))
+    return ["".join(r.choice(chars) for _ in range(r.choice((1, 1, 2, 3)))) for _ in range(r.randint(1, 2))]
 
 
 def sampling(r: random.Random) -> dict:
@@ -212,15 +223,34 @@ def reference(model, spec: dict, i: int) -> list[int]:
     """generate's greedy ids after prompt `i` alone, up to and including the first EOS (sampled: the plain
     loop's)."""
     if spec.get("sampling"):
-        return sampled_reference(model, spec, i)
-    x = torch.tensor([spec["prompts"][i]])
-    ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
-    return next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
+        ids = sampled_reference(model, spec, i)
+    else:
+        x = torch.tensor([spec["prompts"][i]])
+        ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
+        ids = next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
+    return ids[:stop_cut(spec, ids)[0]]
 
 
-def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, list[str] | None]:
+def stop_cut(spec: dict, ids: list[int]) -> tuple[int, str | None, bool]:
+    """Where the stop strings end `ids` (the fewest tokens whose decoded text holds one; all of them if
+    none does before an EOS), that text cut before the first one (None: no stop strings), and whether one
+    did."""
+    if not spec.get("stop"):
+        return len(ids), None, False
+    tokenizer = TinyTokenizer(spec["vocab"])
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        if ids[k - 1] in spec["eos"]:       # an EOS ends the output first (the tiny EOS ids decode to characters)
+            break
+        hits = [h for h in (text.find(s) for s in spec["stop"]) if h >= 0]
+        if hits:
+            return k, text[:min(hits)], True
+    return len(ids), tokenizer.decode(ids, skip_special_tokens=True), False
+
+
+def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, list | None]:
     """lp's ids and generate's, per prompt or per padded row, lp's rounds that committed several tokens
-    (-1 for the drop-in, which does not report them) and lp.generate's finish reasons (None: the drop-in)."""
+    (-1 for the drop-in, which does not report them) and lp.generate's results (None: the drop-in)."""
     if spec["entry"] == "drop-in":
         ids, mask = padded(spec["prompts"])
         got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
@@ -228,17 +258,21 @@ def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, li
         want = hf_generate(model, ids, mask, spec, **extras(spec))
         return got.tolist(), want.tolist(), -1, None
     sampled = dict(do_sample=True, **spec["sampling"]) if spec.get("sampling") else {}
+    stops = dict(stop_strings=spec["stop"], tokenizer=TinyTokenizer(spec["vocab"])) if spec.get("stop") else {}
     result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
-                         batch_size=spec["batch_size"], **extras(spec), **sampled, **spec["keys"])
+                         batch_size=spec["batch_size"], **extras(spec), **sampled, **stops, **spec["keys"])
     return ([r.token_ids for r in result], [reference(model, spec, i) for i in range(len(spec["prompts"]))],
-            sum(e > 1 for r in result for e in r.emitted_per_round), [r.finish_reason for r in result])
+            sum(e > 1 for r in result for e in r.emitted_per_round), result)
 
 
 def finish_reason(spec: dict, i: int, ids: list[int]) -> str | None:
-    """Why prompt `i`'s output `ids` ends, in lp's precedence: an EOS, the stopping criterion, the length."""
+    """Why prompt `i`'s output `ids` ends, in lp's precedence: an EOS, a stop string, the stopping
+    criterion, the length."""
     seq = spec["prompts"][i] + ids
     if ids and ids[-1] in spec["eos"]:
         return "eos"
+    if stop_cut(spec, ids)[2]:
+        return "stop"
     if ids and spec["stop_on_repeat"] and seq[-1] == seq[-2]:
         return "stop"
     return "length" if len(ids) == spec["max_new_tokens"] else None
@@ -252,7 +286,7 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")         # generate's notes on infeasible lengths and such
         try:
-            got, wanted, multi, reasons = decode(model, spec)
+            got, wanted, multi, results = decode(model, spec)
         except ValueError as refused:
             try:
                 reference(model, spec, 0)
@@ -264,8 +298,10 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
         if ids != want or len(got) != len(wanted):
             at = next((k for k, (a, b) in enumerate(zip(want, ids)) if a != b), min(len(want), len(ids)))
             wrong.append(dict(prompt=i, want=want, got=ids, at=at))
-        elif reasons is not None and reasons[i] != finish_reason(spec, i, ids):
-            wrong.append(dict(prompt=i, finish_reason=reasons[i], want=finish_reason(spec, i, ids)))
+        elif results is not None and results[i].finish_reason != finish_reason(spec, i, ids):
+            wrong.append(dict(prompt=i, finish_reason=results[i].finish_reason, want=finish_reason(spec, i, ids)))
+        elif results is not None and spec.get("stop") and results[i].text != stop_cut(spec, ids)[1]:
+            wrong.append(dict(prompt=i, text=results[i].text, want=stop_cut(spec, ids)[1]))
     return wrong, max(multi, 0)
 
 

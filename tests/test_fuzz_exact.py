@@ -53,6 +53,7 @@ def test_the_draws_cover_every_entry_and_knob():
     assert {s["entry"] for s in specs} == {"generate", "drop-in"}
     assert any(s["allowed"] for s in specs) and any(s["stop_on_repeat"] for s in specs)
     assert any(s["sampling"] and len(s["sampling"]) > 2 for s in specs)        # warpers beside the temperature
+    assert any(s["stop"] for s in specs)
     assert any(s["batch_size"] > 1 and s["keys"]["row_budget"] for s in specs)
     assert len({k for s in specs for k in s["knobs"]}) >= 6
     assert fuzz_exact.draw_case(7) == fuzz_exact.draw_case(7)       # a case is replayed by its number
@@ -66,8 +67,8 @@ def test_a_wrong_decode_is_reported(entry, monkeypatch):
     real = fuzz_exact.decode
 
     def off_by_one(model, spec):
-        got, want, multi, reasons = real(model, spec)
-        return [ids[:-1] + [(ids[-1] + 1) % spec["vocab"]] for ids in got], want, multi, reasons
+        got, want, multi, results = real(model, spec)
+        return [ids[:-1] + [(ids[-1] + 1) % spec["vocab"]] for ids in got], want, multi, results
     monkeypatch.setattr(fuzz_exact, "decode", off_by_one)
     wrong, _ = fuzz_exact.run_case(spec)
     assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
@@ -81,12 +82,30 @@ def test_a_wrong_finish_reason_is_reported(monkeypatch):
     real = fuzz_exact.decode
 
     def swapped(model, spec):
-        got, want, multi, reasons = real(model, spec)
-        return got, want, multi, [{"eos": "length"}.get(r, "eos") for r in reasons]
+        got, want, multi, results = real(model, spec)
+        for r in results:
+            r.finish_reason = {"eos": "length"}.get(r.finish_reason, "eos")
+        return got, want, multi, results
     monkeypatch.setattr(fuzz_exact, "decode", swapped)
     wrong, _ = fuzz_exact.run_case(spec)
     assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
     assert all("finish_reason" in w for w in wrong)
+
+
+def test_a_wrong_text_is_reported(monkeypatch):
+    """With stop strings, lp.generate's text is the decoded output cut before the first one: a result
+    whose text keeps one more character is named."""
+    spec = next(s for s in map(fuzz_exact.draw_case, range(200)) if s["stop"])
+    real = fuzz_exact.decode
+
+    def longer(model, spec):
+        got, want, multi, results = real(model, spec)
+        for r in results:
+            r.text += "x"
+        return got, want, multi, results
+    monkeypatch.setattr(fuzz_exact, "decode", longer)
+    wrong, _ = fuzz_exact.run_case(spec)
+    assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"]))) and all("text" in w for w in wrong)
 
 
 @pytest.mark.parametrize("nproc,lp_size", [(2, None), (4, 2)])
