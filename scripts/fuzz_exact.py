@@ -77,7 +77,8 @@ def draw_case(case: int) -> dict:
     keys = dict(window=r.choice((0, 1, 2, 4, 8)), ngram=r.randint(3, 6), guesses=r.choice((0, 1, 3, 8)),
                 pool_seeding=r.random() < 0.7, lookup_candidates=r.choice((0, 0, 1, 3)),
                 lookup_tokens=r.randint(1, 10), lookup_ngram=r.randint(1, 3),
-                suffix_factor=r.choice((0.0, 0.0, 1.0, 4.0)), suffix_tokens=r.choice((4, 16, 32)), suffix_min_score=r.choice((0.0, 0.0, 0.3)),
+                suffix_factor=r.choice((0.0, 0.0, 1.0, 4.0)), suffix_tokens=r.choice((4, 16, 32)),
+                suffix_min_score=r.choice((0.0, 0.0, 0.3)),
                 job_cache=r.random() < 0.5, tree_budget=r.choice((0, 0, 6, 24)),
                 row_budget=r.random() < 0.3, prefix_reuse=r.random() < 0.7)
     if keys["window"] == 0:

@@ -14,16 +14,16 @@ import fuzz_exact  # noqa: E402
 # cases the fuzzer found wrong, as it drew them then: a forced EOS id that is also a one-token bad word
 # (generate bans, then forces; lp forced, then banned, and emitted token 0)
 FOUND = [
-    dict(case=396, family="falcon", vocab=16, seed=31, prompts=[[6, 13, 7, 13, 13, 7, 11, 6, 8, 13, 7, 11, 15, 13, 7, 13, 7],
-                                                                [13, 15, 13, 7, 13, 4, 13, 7, 11], [7, 13, 7, 11]],
+    dict(case=396, family="falcon", vocab=16, seed=31,
+         prompts=[[6, 13, 7, 13, 13, 7, 11, 6, 8, 13, 7, 11, 15, 13, 7, 13, 7], [13, 15, 13, 7, 13, 4, 13, 7, 11],
+                  [7, 13, 7, 11]],
          max_new_tokens=35, eos=[14, 7], batch_size=1,
          keys=dict(window=1, ngram=5, guesses=8, pool_seeding=True, lookup_candidates=1, lookup_tokens=10,
                    lookup_ngram=2, suffix_factor=0.0, suffix_tokens=16, suffix_min_score=0.0, job_cache=False,
                    tree_budget=0, row_budget=False, prefix_reuse=True),
          knobs=dict(bad_words_ids=[[8], [5, 7]], forced_eos_token_id=8, min_new_tokens=9)),
-    dict(case=658, family="gemma2", vocab=16, seed=832, prompts=[[5, 4, 13, 13, 4, 13, 11, 9],
-                                                                 [4, 13, 4, 13, 11, 9, 4, 13, 11, 9, 11, 4, 13, 4, 4, 5, 5,
-                                                                  13, 13]],
+    dict(case=658, family="gemma2", vocab=16, seed=832,
+         prompts=[[5, 4, 13, 13, 4, 13, 11, 9], [4, 13, 4, 13, 11, 9, 4, 13, 11, 9, 11, 4, 13, 4, 4, 5, 5, 13, 13]],
          max_new_tokens=21, eos=[14], batch_size=2,
          keys=dict(window=0, ngram=6, guesses=0, pool_seeding=True, lookup_candidates=0, lookup_tokens=1,
                    lookup_ngram=2, suffix_factor=0.0, suffix_tokens=32, suffix_min_score=0.0, job_cache=True,
