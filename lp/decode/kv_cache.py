@@ -93,8 +93,11 @@ def layer_shapes(model) -> list[LayerShape]:
         device = next(model.parameters()).device
         probe = DynamicCache()
         with torch.inference_mode():
-            one = torch.ones(1, 1, dtype=torch.long, device=device)     # with its mask: a token id that is the
-            forward(model, probe, input_ids=one, position_ids=one - 1, attention_mask=one)  # pad id draws a warning
+            # a token other than the pad id: a pad id and no mask draw transformers' padding warning, and a mask
+            # costs a host read in its mask creation
+            token = 1 if getattr(model.config, "pad_token_id", None) == 0 else 0
+            forward(model, probe, input_ids=torch.full((1, 1), token, dtype=torch.long, device=device),
+                    position_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
         shapes = [LayerShape(layer.keys.shape[1], layer.keys.shape[-1], layer.values.shape[1],
                              layer.values.shape[-1]) for layer in probe.layers]
         model._lp_layer_shapes = shapes
