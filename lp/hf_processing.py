@@ -147,7 +147,7 @@ def read_processors(processors, do_sample: bool, shape: tuple[int, int],
                         and all(isinstance(c, (PrefixConstrainedLogitsProcessor, *_REPLAYED)) for c in custom)):
                     raise ValueError(f"lp.lookahead applies {_named(p)} before the processors it calls row by row; "
                                      f"it cannot apply it after {_named(custom[0])}")
-                if isinstance(p, ForcedEOSTokenLogitsProcessor) or any(isinstance(c, _REPLAYED) for c in custom):
+                if any(isinstance(c, ForcedEOSTokenLogitsProcessor) for c in (p, *custom)):   # from the forcing on
                     custom.append(p)
             if _biases(p) and applied is not None:
                 raise ValueError(f"lp.lookahead adds sequence_bias first, as generate orders its own processors; "

@@ -253,15 +253,15 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     check(generation)
     eos = token_ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
     custom = [row_wise(p) for p in logits_processor or ()]
+    device = next(model.parameters()).device
     if prefix_allowed_tokens_fn is not None:
         if not callable(prefix_allowed_tokens_fn):
             raise ValueError(f"prefix_allowed_tokens_fn must be a function (batch_id, input_ids) -> allowed token "
                              f"ids; got {short_repr(prefix_allowed_tokens_fn, 60)}")
         custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
         if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
-            device = next(model.parameters()).device
             custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
-    stop_when = stop_test(list(stopping_criteria or ()), next(model.parameters()).device)
+    stop_when = stop_test(list(stopping_criteria or ()), device)
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
