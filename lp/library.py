@@ -197,7 +197,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
 def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
              max_new_tokens: int = 256, eos_token_id: int | Sequence[int] | None = None,
              stop_strings: str | Sequence[str] = (), do_sample: bool = False, temperature: float = 1.0,
-             top_h: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
+             top_h: float = 0.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
              epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0, repetition_penalty: float = 1.0,
              min_new_tokens: int = 0, no_repeat_ngram_size: int = 0, bad_words_ids: Sequence[Sequence[int]] = (),
              suppress_tokens: Sequence[int] = (), begin_suppress_tokens: Sequence[int] = (),
@@ -206,7 +206,9 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              streamer=None, batch_size: int = 1,
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
-    The knobs are generate's (`repetition_penalty` counts each prompt's tokens, as generate's does).
+    The knobs are generate's, with generate's own defaults (so sampling keeps the top 50 tokens unless
+    `top_k` says otherwise; None turns a knob off, as for generate), not the model's generation config's
+    (the drop-in reads those); `repetition_penalty` counts each prompt's tokens, as generate's does.
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
     the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's);
     `prefix_allowed_tokens_fn` (batch id: the prompt's index) and `logits_processor` (after the knobs'
@@ -236,8 +238,10 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
                  sequence_bias=bias_entries(sequence_bias or ()), forced_eos_token_id=token_ids(forced_eos_token_id),
                  batch_size=batch_size)
-    defaults = inspect.signature(generate).parameters      # None means the default (off), as generate reads it
-    given = {k: defaults[k].default if v is None else v for k, v in given.items()}
+    defaults = inspect.signature(generate).parameters
+    # None is off, as generate reads an explicit None: each knob's default, which is off but for top_k's
+    # (generate's own default, top-50)
+    raw, given = given, {k: (0 if k == "top_k" else defaults[k].default) if v is None else v for k, v in given.items()}
     knobs, problems = check_types("generate", GenerationParams, given)     # the job config's own kinds check
     if problems:
         raise ValueError("\n".join(problems))
@@ -246,7 +250,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     generation = GenerationParams(**knobs, stop=tuple(stop_strings))
     if not do_sample:
         generation = generation.greedy()       # generate reads no warper either
-        unused = [f"{k}={given[k]!r}" for k in WARPER_KEYS if given[k] != defaults[k].default]
+        unused = [f"{k}={raw[k]!r}" for k in WARPER_KEYS if raw[k] not in (None, defaults[k].default)]
         if unused:       # generate warns so too
             warnings.warn(f"lp.generate decodes greedily (do_sample=False): {', '.join(unused)} only apply when "
                           f"sampling; set do_sample=True or leave them out", UserWarning, stacklevel=2)

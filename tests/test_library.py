@@ -653,3 +653,21 @@ def test_drop_in_on_the_embedded_model_in_float64(smollm2_f64):
         got = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
                              custom_generate=lp.lookahead, **keys)
         assert torch.equal(got, reference), keys
+
+
+def test_generate_samples_with_generates_default_top_k():
+    """lp.generate(do_sample=True) samples what generate(do_sample=True) samples: generate keeps its
+    top-50 by default (its first scores leave 14 of 64 tokens out), and so does lp.generate's default,
+    while top_k=None turns it off in both."""
+    model64 = tiny_random_llama(vocab=64, seed=5).model.double()
+    ids = torch.tensor([PROMPTS[1]])
+    scores = model64.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=3.0,
+                              max_new_tokens=1, pad_token_id=0, output_scores=True,
+                              return_dict_in_generate=True).scores[0][0]
+    kept = set(torch.isfinite(scores).nonzero().flatten().tolist())
+    assert len(kept) == 50
+    firsts = {name: {r.token_ids[0] for r in lp.generate(model64, [PROMPTS[1]] * 400, max_new_tokens=1,
+                                                           do_sample=True, temperature=3.0, **knobs)}
+              for name, knobs in (("default", {}), ("off", dict(top_k=None)))}
+    assert firsts["default"] <= kept and len(firsts["default"]) > 30
+    assert firsts["off"] - kept            # the control: without top-50, the 14 others are drawn too
