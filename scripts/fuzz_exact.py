@@ -14,10 +14,17 @@ replayed with `--case N`.
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
     python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
     torchrun --nproc-per-node 2 scripts/fuzz_exact.py --minutes 10     # the same cases under LP (gloo)
+    python scripts/fuzz_exact.py --jobs --minutes 10   # the same draws as JSONL jobs (lp.run), resumes too
 
 Under torchrun every call decodes with Lookahead Parallelism over the launched world, or over groups of
 `--lp-size` ranks of the dp x lp mesh (each rank feeds its share of every round's rows; the group's
 leader drafts), and each rank checks its own ids.
+
+With `--jobs` each case is a JSONL job run by lp.run's command in this process (`job_case`): the same
+model, prompts, processors, keys and batch size, with sampling and stop strings, generate as the method
+or the in-run baseline, bad lines, data.offset and limit, and resumes drawn for jobs; every selected line
+must have one record with the ids, finish reason and text above (a bad line: its error), and a resumed
+job the records of the whole run.
 
 Prints one line per failing case (the case, the prompt, the first differing position) and a count; exits
 1 if any case failed. tests/test_fuzz_exact.py runs a few cases in the default suite.
@@ -31,6 +38,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -104,9 +112,11 @@ def draw_case(case: int) -> dict:
                 # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
                 # row by row
                 allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2,
-                # lp.generate only (the drop-in draws from torch's generator): sampled with some of
-                # generate's warpers, checked against a plain loop drawing the k-th token with the same u_k
-                sampling=sampling(r) if entry == "generate" and r.random() < 0.3 else None,
+                # sampled with some of generate's warpers, checked against a plain loop drawing the k-th
+                # token with the same u_k (the drop-in's: drawn apart, so that the cases drawn before it
+                # could sample stay as they were)
+                sampling=(sampling(r) if r.random() < 0.3 else None) if entry == "generate" else
+                drop_in_sampling(case),
                 # lp.generate's stop strings on the decoded new text (lp.models.TinyTokenizer: a character a token)
                 stop=stop_strings(r, vocab) if entry == "generate" and r.random() < 0.25 else [])
 
@@ -115,6 +125,17 @@ def stop_strings(r: random.Random, vocab: int) -> list[str]:
     """One or two strings of one to three of the vocabulary's characters."""
     chars = TinyTokenizer(vocab).decode(list(range(3, vocab)))
     return ["".join(r.choice(chars) for _ in range(r.choice((1, 1, 2, 3)))) for _ in range(r.randint(1, 2))]
+
+
+# what generate samples with where the call and the model's generation config leave a warper out (its
+# global defaults: top-50), lp.generate's defaults too (tests/test_library.py checks generate's)
+GENERATE_SAMPLING = dict(top_k=50)
+
+
+def drop_in_sampling(case: int) -> dict | None:
+    """A drop-in case's sampling, in about a third of them; its seed seeds torch's global generator."""
+    r = random.Random(f"drop-in {case}")
+    return sampling(r) if r.random() < 0.3 else None
 
 
 def sampling(r: random.Random) -> dict:
@@ -172,8 +193,8 @@ def padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def hf_generate(model, ids, mask, spec: dict, **more) -> torch.Tensor:
-    return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
-                          max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"], **more)
+    return model.generate(ids, attention_mask=mask, pad_token_id=0, max_new_tokens=spec["max_new_tokens"],
+                          eos_token_id=spec["eos"], **{"do_sample": False, **more})
 
 
 def processors(spec: dict, i: int) -> LogitsProcessorList:
@@ -202,12 +223,14 @@ def processors(spec: dict, i: int) -> LogitsProcessorList:
     return out
 
 
-def sampled_reference(model, spec: dict, i: int) -> list[int]:
+def sampled_reference(model, spec: dict, i: int, request: int) -> list[int]:
     """Prompt `i` sampled by a plain loop: a whole forward per token, generate's processors, lp's warpers,
-    the k-th new token drawn with lp's k-th uniform of (seed, the prompt's index), as lp.generate
-    addresses its draws."""
-    gen = GenerationParams(spec["max_new_tokens"], **spec["sampling"])
-    warp, draws, process = warpers(gen), Draws(gen.seed, i), processors(spec, i)
+    the k-th new token drawn with lp's k-th uniform of (seed, `request`): lp.generate addresses its
+    draws by the prompt's index, a job by its task id."""
+    # lp.generate's and the drop-in's warpers default to generate's; a job's top_k to 0 (off)
+    drawn = spec["sampling"] if spec["entry"] == "job" else {**GENERATE_SAMPLING, **spec["sampling"]}
+    gen = GenerationParams(spec["max_new_tokens"], **drawn)
+    warp, draws, process = warpers(gen), Draws(gen.seed, request), processors(spec, i)
     if any(t in spec["knobs"].get("suppress_tokens", ()) for t in [spec["knobs"].get("forced_eos_token_id")]):
         raise ValueError("forced_eos_token_id all in suppress_tokens")      # as generate refuses
     seq = list(spec["prompts"][i])
@@ -220,16 +243,28 @@ def sampled_reference(model, spec: dict, i: int) -> list[int]:
     return seq[len(spec["prompts"][i]):]
 
 
-def reference(model, spec: dict, i: int) -> list[int]:
+def reference(model, spec: dict, i: int, request: int | None = None) -> list[int]:
     """generate's greedy ids after prompt `i` alone, up to and including the first EOS (sampled: the plain
-    loop's)."""
+    loop's, with the draws of `request`, by default `i`)."""
     if spec.get("sampling"):
-        ids = sampled_reference(model, spec, i)
+        ids = sampled_reference(model, spec, i, i if request is None else request)
     else:
         x = torch.tensor([spec["prompts"][i]])
         ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
         ids = next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
     return ids[:stop_cut(spec, ids)[0]]
+
+
+def drop_in_sampled_reference(model, spec: dict, ids: torch.Tensor) -> list[list[int]]:
+    """The drop-in's sampled rows: each row's prompt (left-padded) and the plain loop's tokens for it,
+    drawn as the drop-in draws them (lp's draws of (one draw of torch's global generator seeded with the
+    case's seed, the row)), padded after their end as generate pads finished rows."""
+    torch.manual_seed(spec["sampling"]["seed"])
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    new = [reference(model, dict(spec, sampling=dict(spec["sampling"], seed=seed)), i)
+           for i in range(len(spec["prompts"]))]
+    width = max(map(len, new))
+    return [row + out + [0] * (width - len(out)) for row, out in zip(ids.tolist(), new)]
 
 
 def stop_cut(spec: dict, ids: list[int]) -> tuple[int, str | None, bool]:
@@ -254,10 +289,14 @@ def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, li
     (-1 for the drop-in, which does not report them) and lp.generate's results (None: the drop-in)."""
     if spec["entry"] == "drop-in":
         ids, mask = padded(spec["prompts"])
-        got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
-                          **extras(spec), **spec["keys"])
-        want = hf_generate(model, ids, mask, spec, **extras(spec))
-        return got.tolist(), want.tolist(), -1, None
+        drop_in = dict(custom_generate=lp.lookahead, batch_size=spec["batch_size"], **extras(spec), **spec["keys"])
+        if not spec.get("sampling"):
+            got = hf_generate(model, ids, mask, spec, **drop_in)
+            return got.tolist(), hf_generate(model, ids, mask, spec, **extras(spec)).tolist(), -1, None
+        warpers_, seed = {k: v for k, v in spec["sampling"].items() if k != "seed"}, spec["sampling"]["seed"]
+        torch.manual_seed(seed)
+        got = hf_generate(model, ids, mask, spec, do_sample=True, **warpers_, **drop_in)
+        return got.tolist(), drop_in_sampled_reference(model, spec, ids), -1, None
     sampled = dict(do_sample=True, **spec["sampling"]) if spec.get("sampling") else {}
     stops = dict(stop_strings=spec["stop"], tokenizer=TinyTokenizer(spec["vocab"])) if spec.get("stop") else {}
     result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
@@ -306,6 +345,159 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
     return wrong, max(multi, 0)
 
 
+# ---- jobs (--jobs): the same draws as a JSONL job, run by lp.run's command in this process -------------------
+
+def job_case(case: int) -> dict:
+    """Case `case` as a JSONL job: draw_case's family, vocabulary, seed, prompts (as the tiny tokenizer's
+    text), max_new_tokens, processors, lookahead keys and batch size, with the model's own EOS (a job has
+    no EOS key) and no callables (a YAML file holds none); and the job's own draws, from a stream apart
+    (so draw_case's cases stay as they are): sampling and stop strings, a broken line and an empty prompt
+    among the prompts (each must get its error record), data.offset and limit, generate as the method
+    (`autoregressive`) or the in-run baseline beside lookahead, and a resume from the first records
+    written (with a torn line after them or not)."""
+    spec = draw_case(case)
+    r = random.Random(f"job {case}")
+    method = "autoregressive" if r.random() < 0.15 else "lookahead"
+    baseline = method == "lookahead" and r.random() < 0.15
+    # sampled ids are checked against lp's draws: generate's own sampling (autoregressive) draws others
+    sampled = sampling(r) if method == "lookahead" and r.random() < 0.3 else None
+    stop = stop_strings(r, spec["vocab"]) if r.random() < 0.3 else []
+    text = TinyTokenizer(spec["vocab"]).decode
+    lines = [dict(task_id=f"t{i}", prompt=text(ids)) for i, ids in enumerate(spec["prompts"])]
+    if r.random() < 0.3:
+        lines.insert(r.randint(0, len(lines)), dict(broken=True))
+    if r.random() < 0.2:
+        lines.insert(r.randint(0, len(lines)), dict(task_id="empty", prompt=""))
+    offset = r.choice((0, 0, 0, 1)) if len(lines) > 1 else 0
+    limit = r.choice((None, None, max(1, len(lines) - offset - 1)))
+    selected = len(lines[offset:None if limit is None else offset + limit])
+    resume = dict(keep=r.randrange(selected), torn=r.random() < 0.5) if r.random() < 0.3 else None
+    return dict(spec, entry="job", eos=[2], allowed=None, stop_on_repeat=False, sampling=sampled, stop=stop,
+                method=method, baseline=baseline, batch_size=1 if method != "lookahead" or baseline
+                else spec["batch_size"], lines=lines, offset=offset, limit=limit, resume=resume)
+
+
+def job_files(spec: dict, tmp: Path) -> Path:
+    """The case's prompt file and job config in `tmp`; the config's path."""
+    data = tmp / "prompts.jsonl"
+    data.write_text("".join(('{"task_id": "broken' if line.get("broken") else json.dumps(line)) + "\n"
+                            for line in spec["lines"]))
+    knobs = dict(spec["knobs"])
+    if "forced_eos_token_id" in knobs:
+        knobs["forced_eos_token_id"] = [knobs["forced_eos_token_id"]]     # a job's key takes a list
+    config = dict(model=dict(name=job_model_name(spec), dtype="float64", device="cpu"),
+                  lookahead=spec["keys"],
+                  generation=dict(method=spec["method"], max_new_tokens=spec["max_new_tokens"],
+                                  batch_size=spec["batch_size"], stop=spec["stop"], **knobs,
+                                  **(spec["sampling"] or {})),
+                  data=dict(source="jsonl", path=str(data), offset=spec["offset"], limit=spec["limit"]),
+                  output=dict(dir=str(tmp / "out")), baseline=dict(enabled=spec["baseline"]),
+                  distributed=dict(backend="gloo", timeout_s=120))
+    path = tmp / "job.yaml"
+    path.write_text(json.dumps(config))        # JSON is YAML
+    return path
+
+
+def job_model_name(spec: dict) -> str:
+    return f"tiny-random-{spec['family']}?vocab={spec['vocab']}&seed={spec['seed']}"
+
+
+def job_model(spec: dict):
+    """The job's model as the job loads it (lp.models.load_model), kept while cases share it."""
+    from lp.models import load_model
+    key = job_model_name(spec)
+    if key not in _models:
+        _models.clear()
+        _models[key] = load_model(key, "float64", device="cpu").model
+    return _models[key]
+
+
+def run_job(spec: dict) -> tuple[list[dict], int]:
+    """The job's records that are not what they should be ([{task, ...}]: empty, the case holds), and how
+    many of its rounds committed several tokens. Every selected line has one record; a prompt's record
+    has generate's ids (or the plain sampling loop's with the task's draws), why they end and the text
+    they decode to, cut before a stop string (and with the in-run baseline, greedy: the same ids for
+    generate's own decode); a broken line or an empty prompt has an error record. A resumed job keeps
+    every record and writes the missing ones to the same result."""
+    from click.testing import CliRunner
+
+    from lp.jobs.data import request_id
+    from lp.run import main as lp_run
+    model = job_model(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = job_files(spec, Path(tmp))
+        out = Path(tmp) / "out" / "results.jsonl"
+
+        def run() -> tuple[list[dict] | None, str]:
+            result = CliRunner().invoke(lp_run, ["--config", str(config), "--quiet"])
+            # exit 1 and this line where every selected line is broken or empty: a job with nothing decoded
+            nothing = "no prompt could be decoded" in result.output and all(
+                line.get("broken") or not line["prompt"] for line in selected(spec))
+            if result.exit_code != 0 and not (result.exit_code == 1 and nothing):
+                return None, f"the job exited {result.exit_code}: {result.output.strip()[-600:]!r}"
+            return [json.loads(line) for line in out.read_text().splitlines()], ""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            records, failure = run()
+            if records is None:
+                try:
+                    reference(model, spec, 0)
+                except ValueError:
+                    return [], 0                # generate refuses these knobs too
+                return [dict(error=failure)], 0
+            wrong, multi = job_records_wrong(spec, model, records, request_id)
+            if spec["resume"] and not wrong:
+                lines = out.read_bytes().splitlines(keepends=True)
+                kept = lines[:spec["resume"]["keep"]]
+                torn = lines[len(kept)][:len(lines[len(kept)]) // 2] if spec["resume"]["torn"] else b""
+                out.write_bytes(b"".join(kept) + torn)
+                again, failure = run()
+                if again is None:
+                    return [dict(error=f"resumed after {len(kept)} records: {failure}")], multi
+                keys = ("token_ids", "finish_reason", "error", "completion")
+                first = {rec["task_id"]: [rec.get(k) for k in keys] for rec in records}
+                if len(again) != len(records) or {rec["task_id"]: [rec.get(k) for k in keys] for rec in again} != first:
+                    wrong.append(dict(task="resume", kept=len(kept), torn=bool(torn),
+                                      want=sorted(first), got=[rec["task_id"] for rec in again]))
+    return wrong, multi
+
+
+def selected(spec: dict) -> list[dict]:
+    """The prompt file's lines the job decodes (data.offset and limit)."""
+    return spec["lines"][spec["offset"]:None if spec["limit"] is None else spec["offset"] + spec["limit"]]
+
+
+def job_records_wrong(spec: dict, model, records: list[dict], request_id) -> tuple[list[dict], int]:
+    want_ids = sorted(line.get("task_id", "?") for line in selected(spec))
+    got_ids = sorted(rec["task_id"] for rec in records)
+    wrong = []
+    if len(got_ids) != len(want_ids) or [t for t in got_ids if not t.startswith("<line")] != \
+            [t for t in want_ids if t != "?"]:
+        wrong.append(dict(task="records", want=want_ids, got=got_ids))      # a broken line's id: <line N>
+    tokenizer, multi = TinyTokenizer(spec["vocab"]), 0
+    for rec in records:
+        i = int(rec["task_id"][1:]) if rec["task_id"][1:].isdigit() else None
+        if i is None:
+            if not rec["error"]:
+                wrong.append(dict(task=rec["task_id"], error=None, want="an error record"))
+            continue
+        ids = rec["token_ids"]
+        want = reference(model, spec, i, request_id(rec["task_id"]))
+        text = stop_cut(spec, ids)[1] if spec["stop"] else tokenizer.decode(ids, skip_special_tokens=True)
+        multi += sum(e > 1 for e in rec["emitted_per_round"])
+        if rec["error"] or ids != want:
+            at = next((k for k, (a, b) in enumerate(zip(want, ids)) if a != b), min(len(want), len(ids)))
+            wrong.append(dict(task=rec["task_id"], error=rec["error"], want=want, got=ids, at=at))
+        elif rec["finish_reason"] != finish_reason(spec, i, ids):
+            wrong.append(dict(task=rec["task_id"], finish_reason=rec["finish_reason"],
+                              want=finish_reason(spec, i, ids)))
+        elif rec["completion"] != text:
+            wrong.append(dict(task=rec["task_id"], completion=rec["completion"], want=text))
+        elif spec["baseline"] and not spec["sampling"] and rec["baseline_token_ids"] != want:
+            wrong.append(dict(task=rec["task_id"], baseline=rec["baseline_token_ids"], want=want))
+    return wrong, multi
+
+
 def under_lp(lp_size: int | None = None):
     """This rank's LP group's Comm (the torchrun world, or groups of `lp_size`) with lp.generate and the
     drop-in decoding over it (None: one process)."""
@@ -327,8 +519,14 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="stop starting cases after this long (default 5)")
     ap.add_argument("--lp-size", type=int, default=None,
                     help="under torchrun: LP groups of this many ranks, each decoding every case (default: one group)")
+    ap.add_argument("--jobs", action="store_true",
+                    help="run each case as a JSONL job (lp.run's command in this process; one process only)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case drawn")
     args = ap.parse_args(argv)
+    if args.jobs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        ap.error("--jobs runs in one process: lp.run starts its own distributed world "
+                 "(tests/test_lp_jobs.py runs jobs under torchrun)")
+    draw, check = (job_case, run_job) if args.jobs else (draw_case, run_case)
     torch.set_num_threads(1)
     cases = [args.case] if args.case is not None else \
         range(args.first, args.first + args.cases) if args.cases is not None else itertools.count(args.first)
@@ -343,11 +541,11 @@ def main(argv=None) -> int:
             go = bool(flag)
         if not go:
             break
-        spec = draw_case(case)
+        spec = draw(case)
         if args.verbose:
             print(json.dumps(spec), flush=True)
         try:
-            wrong, rounds = run_case(spec)
+            wrong, rounds = check(spec)
             multi += rounds
         except Exception as e:      # a crash is a failure of the case too: report it and go on
             wrong = [dict(error=f"{type(e).__name__}: {e}")]

@@ -1,8 +1,9 @@
 """scripts/fuzz_exact.py in the default suite: a few dozen of its random cases (each a tiny float64 model of
 some family, prompts, every lookahead key, the batch size, generate's processors, a row-wise
 prefix_allowed_tokens_fn and stopping criterion, lp.generate or the drop-in) decode to generate's ids (sampled ones to
-a plain loop's with the same draws); the cases it found wrong stay pinned;
-and a wrong decode is reported, not passed."""
+a plain loop's with the same draws); as JSONL jobs (--jobs) they write those ids, an error record for each bad
+line and, resumed, the whole run's records; the cases it found wrong stay pinned;
+and a wrong decode, record or resume is reported, not passed."""
 import sys
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def test_the_draws_cover_every_entry_and_knob():
     assert {s["entry"] for s in specs} == {"generate", "drop-in"}
     assert any(s["allowed"] for s in specs) and any(s["stop_on_repeat"] for s in specs)
     assert any(s["sampling"] and len(s["sampling"]) > 2 for s in specs)        # warpers beside the temperature
+    assert any(s["sampling"] for s in specs if s["entry"] == "drop-in")        # seeded from torch's generator
     assert any(s["stop"] for s in specs)
     assert any(s["batch_size"] > 1 and s["keys"]["row_budget"] for s in specs)
     assert len({k for s in specs for k in s["knobs"]}) >= 6
@@ -74,6 +76,20 @@ def test_a_wrong_decode_is_reported(entry, monkeypatch):
     assert [w["prompt"] for w in wrong] == list(range(len(spec["prompts"])))
     assert all(w["at"] == len(w["want"]) - 1 for w in wrong)
     assert fuzz_exact.main(["--case", str(spec["case"])]) == 1
+
+
+def test_a_sampled_drop_in_case_is_checked_against_its_own_draws(monkeypatch):
+    """The drop-in's sampled rows equal the plain loop's drawn as the drop-in draws them (seeded from torch's
+    generator), and not those of the next seed: the check bites."""
+    spec = next(s for s in map(fuzz_exact.draw_case, range(100))
+                if s["entry"] == "drop-in" and s["sampling"] and s["max_new_tokens"] > 5)
+    assert fuzz_exact.run_case(spec)[0] == []
+    real = fuzz_exact.drop_in_sampled_reference
+
+    def next_seed(model, spec, ids):
+        return real(model, dict(spec, sampling=dict(spec["sampling"], seed=spec["sampling"]["seed"] + 1)), ids)
+    monkeypatch.setattr(fuzz_exact, "drop_in_sampled_reference", next_seed)
+    assert fuzz_exact.run_case(spec)[0] != []
 
 
 def test_a_wrong_finish_reason_is_reported(monkeypatch):
@@ -129,3 +145,74 @@ def test_random_cases_under_lp_are_generates_ids(nproc, lp_size):
     for rank, world, groups, collectives, failed in ends:
         assert (int(world), int(groups)) == (lp_size or nproc, nproc // (lp_size or nproc)), proc.stdout
         assert int(collectives) > 0 and failed == "0", proc.stdout
+
+
+# ---- --jobs: the same draws as JSONL jobs (lp.run in this process) -----------------------------------------
+
+def test_random_job_cases_hold():
+    """Jobs: every selected line has one record, a prompt's has generate's ids (sampled: the plain loop's
+    with the task's draws), finish reason and text, a bad line has an error record, and a resumed job
+    keeps every record."""
+    drafted = 0
+    for case in range(40):
+        wrong, multi = fuzz_exact.run_job(fuzz_exact.job_case(case))
+        assert wrong == [], (case, wrong)
+        drafted += multi
+    assert drafted > 0
+
+
+def test_the_job_draws_cover_methods_bad_lines_and_resumes():
+    specs = [fuzz_exact.job_case(c) for c in range(40)]
+    assert {s["entry"] for s in specs} == {"job"} and not any(s["allowed"] or s["stop_on_repeat"] for s in specs)
+    assert {s["method"] for s in specs} == {"lookahead", "autoregressive"} and any(s["baseline"] for s in specs)
+    assert any(s["sampling"] for s in specs) and any(s["stop"] for s in specs)
+    assert any(s["batch_size"] > 1 for s in specs) and len({k for s in specs for k in s["knobs"]}) >= 6
+    assert {bool(s["resume"]["torn"]) for s in specs if s["resume"]} == {True, False}
+    assert any(line.get("broken") for s in specs for line in s["lines"])
+    assert any(line.get("prompt") == "" for s in specs for line in s["lines"])
+    assert any(s["offset"] for s in specs) and any(s["limit"] is not None for s in specs)
+    assert fuzz_exact.job_case(7) == fuzz_exact.job_case(7)
+    # draw_case's cases are unchanged by the jobs' draws (pinned cases and past runs replay as they were)
+    assert all(fuzz_exact.job_case(c)["prompts"] == fuzz_exact.draw_case(c)["prompts"] for c in range(40))
+
+
+def test_a_wrong_job_record_is_reported(monkeypatch):
+    """A job whose records carry a changed last token: the fuzzer names each task."""
+    import lp.jobs.runner
+    spec = next(s for s in map(fuzz_exact.job_case, range(100)) if s["max_new_tokens"] > 3
+                and not any(line.get("broken") or line.get("prompt") == "" for line in s["lines"]))
+    real = lp.jobs.runner.result_record
+
+    def off_by_one(*args, **kwargs):
+        record = real(*args, **kwargs)
+        record["token_ids"][-1] = (record["token_ids"][-1] + 1) % spec["vocab"]
+        return record
+    monkeypatch.setattr(lp.jobs.runner, "result_record", off_by_one)
+    wrong, _ = fuzz_exact.run_job(spec)
+    assert sorted(w["task"] for w in wrong) == sorted(line["task_id"] for line in fuzz_exact.selected(spec))
+    assert all(w["at"] == len(w["want"]) - 1 for w in wrong)
+
+
+def test_a_resume_that_decodes_kept_tasks_again_is_reported(monkeypatch):
+    """A resume that forgets the records it finds writes a second record for them: reported."""
+    import lp.jobs.results
+    spec = next(s for s in map(fuzz_exact.job_case, range(200)) if s["resume"] and s["resume"]["keep"] > 0)
+    assert fuzz_exact.run_job(spec)[0] == []
+    real = lp.jobs.results.JobDir._read_records
+    runs = []
+
+    def forgetful(self, *args, **kwargs):
+        records = real(self, *args, **kwargs)
+        runs.append(len(records))
+        return {} if records else records
+    monkeypatch.setattr(lp.jobs.results.JobDir, "_read_records", forgetful)
+    wrong, _ = fuzz_exact.run_job(spec)
+    assert [w["task"] for w in wrong] == ["resume"] and wrong[0]["kept"] == spec["resume"]["keep"]
+    assert len(wrong[0]["got"]) > len(wrong[0]["want"])         # the kept tasks twice
+
+
+def test_jobs_are_refused_under_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit:
+        fuzz_exact.main(["--jobs", "--cases", "1"])
+    assert exit.value.code == 2 and "--jobs runs in one process" in capsys.readouterr().err
