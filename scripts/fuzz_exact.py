@@ -5,10 +5,10 @@ this draws them all at once: each case is a seeded random draw of a tiny model (
 weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens and EOS ids, every
 lookahead key, the batch size and row budget, generate's processors, a row-wise prefix_allowed_tokens_fn
 and stopping criterion, stop strings, and the entry (lp.generate, or the drop-in on a left-padded batch).
-It checks every prompt's ids against `model.generate(do_sample=False)` on that prompt alone (the drop-in:
-on the same batch); a sampled case, against a plain loop that draws each token with lp's uniform for that
-position (lp's sampling is exact that way: the same draws give the same tokens); and lp.generate's finish
-reasons and stop-cut text. A case is a pure function of its number (`draw_case`), so any failure is
+It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
+batch), greedy, or sampled with generate's own processors and warpers and lp's draws in place of
+torch.multinomial's (`lp_draws`: lp's sampling is exact that way, the same draws give the same tokens);
+and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number (`draw_case`), so any failure is
 replayed with `--case N`.
 
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
@@ -32,6 +32,7 @@ Prints one line per failing case (the case, the prompt, the first differing posi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -42,26 +43,15 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-from transformers.generation.logits_process import (
-    ForcedEOSTokenLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    PrefixConstrainedLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SequenceBiasLogitsProcessor,
-    SuppressTokensAtBeginLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lp  # noqa: E402
-from lp.decode.sampling import Draws, distribution, sample, warpers  # noqa: E402
-from lp.engine import GenerationParams  # noqa: E402
+from lp.decode.sampling import Draws, sample  # noqa: E402
 from lp.models import TinyTokenizer  # noqa: E402
 from lp.tiny import FAMILIES as TINY_FAMILIES, tiny_random  # noqa: E402
 
@@ -112,9 +102,9 @@ def draw_case(case: int) -> dict:
                 # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
                 # row by row
                 allowed=r.choice((None, None, r.randint(1, 5))), stop_on_repeat=r.random() < 0.2,
-                # sampled with some of generate's warpers, checked against a plain loop drawing the k-th
-                # token with the same u_k (the drop-in's: drawn apart, so that the cases drawn before it
-                # could sample stay as they were)
+                # sampled with some of generate's warpers, checked against generate drawing the k-th token
+                # with the same u_k (the drop-in's: drawn apart, so that the cases drawn before it could
+                # sample stay as they were)
                 sampling=(sampling(r) if r.random() < 0.3 else None) if entry == "generate" else
                 drop_in_sampling(case),
                 # lp.generate's stop strings on the decoded new text (lp.models.TinyTokenizer: a character a token)
@@ -125,11 +115,6 @@ def stop_strings(r: random.Random, vocab: int) -> list[str]:
     """One or two strings of one to three of the vocabulary's characters."""
     chars = TinyTokenizer(vocab).decode(list(range(3, vocab)))
     return ["".join(r.choice(chars) for _ in range(r.choice((1, 1, 2, 3)))) for _ in range(r.randint(1, 2))]
-
-
-# what generate samples with where the call and the model's generation config leave a warper out (its
-# global defaults: top-50), lp.generate's defaults too (tests/test_library.py checks generate's)
-GENERATE_SAMPLING = dict(top_k=50)
 
 
 def drop_in_sampling(case: int) -> dict | None:
@@ -197,74 +182,46 @@ def hf_generate(model, ids, mask, spec: dict, **more) -> torch.Tensor:
                           eos_token_id=spec["eos"], **{"do_sample": False, **more})
 
 
-def processors(spec: dict, i: int) -> LogitsProcessorList:
-    """generate's processors of the case's knobs for prompt `i` alone, in generate's order."""
-    k, eos, length = spec["knobs"], spec["eos"], len(spec["prompts"][i])
-    out = LogitsProcessorList()
-    if "sequence_bias" in k:
-        out.append(SequenceBiasLogitsProcessor(k["sequence_bias"]))
-    if "repetition_penalty" in k:
-        out.append(RepetitionPenaltyLogitsProcessor(k["repetition_penalty"]))
-    if "no_repeat_ngram_size" in k:
-        out.append(NoRepeatNGramLogitsProcessor(k["no_repeat_ngram_size"]))
-    if "bad_words_ids" in k:
-        out.append(NoBadWordsLogitsProcessor(k["bad_words_ids"], eos))
-    if "min_new_tokens" in k:
-        out.append(MinNewTokensLengthLogitsProcessor(length, k["min_new_tokens"], eos))
-    if spec["allowed"] is not None:
-        fn = allowed_fn(spec["allowed"], spec["vocab"], eos)
-        out.append(PrefixConstrainedLogitsProcessor(lambda _, ids: fn(i, ids), 1))
-    if "forced_eos_token_id" in k:
-        out.append(ForcedEOSTokenLogitsProcessor(length + spec["max_new_tokens"], [k["forced_eos_token_id"]]))
-    if "suppress_tokens" in k:
-        out.append(SuppressTokensLogitsProcessor(k["suppress_tokens"]))
-    if "begin_suppress_tokens" in k:
-        out.append(SuppressTokensAtBeginLogitsProcessor(k["begin_suppress_tokens"], length))
-    return out
+@contextlib.contextmanager
+def lp_draws(spec: dict, requests: Sequence[int]):
+    """generate's sampling with lp's draws: while it lasts, torch.multinomial (generate's one draw per row and
+    step) takes row b's k-th token from generate's own probabilities by lp's inverse-CDF rule with lp's
+    uniform u_k of (seed, requests[b]); lp's sampling is exact in that strong sense, so the same draws
+    give the same tokens. A greedy spec leaves it alone."""
+    if not spec.get("sampling"):
+        yield
+        return
+    draws, step, real = [Draws(spec["sampling"]["seed"], r) for r in requests], itertools.count(), torch.multinomial
+
+    def multinomial(probs, num_samples, **kwargs):
+        k = next(step)
+        return torch.tensor([[sample(p, d.uniform(k))] for p, d in zip(probs, draws)], device=probs.device)
+    torch.multinomial = multinomial
+    try:
+        yield
+    finally:
+        torch.multinomial = real
 
 
-def sampled_reference(model, spec: dict, i: int, request: int) -> list[int]:
-    """Prompt `i` sampled by a plain loop: a whole forward per token, generate's processors, lp's warpers,
-    the k-th new token drawn with lp's k-th uniform of (seed, `request`): lp.generate addresses its
-    draws by the prompt's index, a job by its task id."""
-    # lp.generate's and the drop-in's warpers default to generate's; a job's top_k to 0 (off)
-    drawn = spec["sampling"] if spec["entry"] == "job" else {**GENERATE_SAMPLING, **spec["sampling"]}
-    gen = GenerationParams(spec["max_new_tokens"], **drawn)
-    warp, draws, process = warpers(gen), Draws(gen.seed, request), processors(spec, i)
-    if any(t in spec["knobs"].get("suppress_tokens", ()) for t in [spec["knobs"].get("forced_eos_token_id")]):
-        raise ValueError("forced_eos_token_id all in suppress_tokens")      # as generate refuses
-    seq = list(spec["prompts"][i])
-    for k in range(spec["max_new_tokens"]):
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([seq])).logits[:, -1]
-        seq.append(sample(distribution(process(torch.tensor([seq]), logits)[0], warp), draws.uniform(k)))
-        if seq[-1] in spec["eos"] or (spec["stop_on_repeat"] and seq[-1] == seq[-2]):
-            break
-    return seq[len(spec["prompts"][i]):]
+def sampled(spec: dict) -> dict:
+    """generate's sampling arguments of the spec ({}: greedy). Unset warpers are generate's defaults (its
+    top-50: lp.generate's and the drop-in's defaults too), but a job's top_k, which is 0 (off)."""
+    if not spec.get("sampling"):
+        return {}
+    job = {"top_k": 0} if spec["entry"] == "job" else {}
+    return {"do_sample": True, **job, **{k: v for k, v in spec["sampling"].items() if k != "seed"}}
 
 
 def reference(model, spec: dict, i: int, request: int | None = None) -> list[int]:
-    """generate's greedy ids after prompt `i` alone, up to and including the first EOS (sampled: the plain
-    loop's, with the draws of `request`, by default `i`)."""
-    if spec.get("sampling"):
-        ids = sampled_reference(model, spec, i, i if request is None else request)
-    else:
-        x = torch.tensor([spec["prompts"][i]])
-        ids = hf_generate(model, x, torch.ones_like(x), spec, **extras(spec, i))[0, x.shape[1]:].tolist()
-        ids = next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
+    """generate's ids after prompt `i` alone, up to and including the first EOS: greedy, or sampled with
+    lp's draws of `request` (by default `i`: lp.generate addresses its draws by the prompt's index, a job
+    by its task id)."""
+    x = torch.tensor([spec["prompts"][i]])
+    with lp_draws(spec, [i if request is None else request]):
+        ids = hf_generate(model, x, torch.ones_like(x), spec, **sampled(spec), **extras(spec, i))
+    ids = ids[0, x.shape[1]:].tolist()
+    ids = next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
     return ids[:stop_cut(spec, ids)[0]]
-
-
-def drop_in_sampled_reference(model, spec: dict, ids: torch.Tensor) -> list[list[int]]:
-    """The drop-in's sampled rows: each row's prompt (left-padded) and the plain loop's tokens for it,
-    drawn as the drop-in draws them (lp's draws of (one draw of torch's global generator seeded with the
-    case's seed, the row)), padded after their end as generate pads finished rows."""
-    torch.manual_seed(spec["sampling"]["seed"])
-    seed = int(torch.randint(0, 2**62, (1,)).item())
-    new = [reference(model, dict(spec, sampling=dict(spec["sampling"], seed=seed)), i)
-           for i in range(len(spec["prompts"]))]
-    width = max(map(len, new))
-    return [row + out + [0] * (width - len(out)) for row, out in zip(ids.tolist(), new)]
 
 
 def stop_cut(spec: dict, ids: list[int]) -> tuple[int, str | None, bool]:
@@ -289,18 +246,20 @@ def decode(model, spec: dict) -> tuple[list[list[int]], list[list[int]], int, li
     (-1 for the drop-in, which does not report them) and lp.generate's results (None: the drop-in)."""
     if spec["entry"] == "drop-in":
         ids, mask = padded(spec["prompts"])
-        drop_in = dict(custom_generate=lp.lookahead, batch_size=spec["batch_size"], **extras(spec), **spec["keys"])
-        if not spec.get("sampling"):
-            got = hf_generate(model, ids, mask, spec, **drop_in)
-            return got.tolist(), hf_generate(model, ids, mask, spec, **extras(spec)).tolist(), -1, None
-        warpers_, seed = {k: v for k, v in spec["sampling"].items() if k != "seed"}, spec["sampling"]["seed"]
-        torch.manual_seed(seed)
-        got = hf_generate(model, ids, mask, spec, do_sample=True, **warpers_, **drop_in)
-        return got.tolist(), drop_in_sampled_reference(model, spec, ids), -1, None
-    sampled = dict(do_sample=True, **spec["sampling"]) if spec.get("sampling") else {}
+        torch.manual_seed(spec["sampling"]["seed"] if spec.get("sampling") else 0)
+        got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
+                          **sampled(spec), **extras(spec), **spec["keys"])
+        # the drop-in's draws: lp's, seeded by one draw of torch's global generator, a request per row
+        torch.manual_seed(spec["sampling"]["seed"] if spec.get("sampling") else 0)
+        seeded = dict(spec, sampling=dict(spec["sampling"], seed=int(torch.randint(0, 2**62, (1,)).item()))) \
+            if spec.get("sampling") else spec
+        with lp_draws(seeded, range(len(spec["prompts"]))):
+            want = hf_generate(model, ids, mask, spec, **sampled(spec), **extras(spec))
+        return got.tolist(), want.tolist(), -1, None
     stops = dict(stop_strings=spec["stop"], tokenizer=TinyTokenizer(spec["vocab"])) if spec.get("stop") else {}
     result = lp.generate(model, spec["prompts"], max_new_tokens=spec["max_new_tokens"], eos_token_id=spec["eos"],
-                         batch_size=spec["batch_size"], **extras(spec), **sampled, **stops, **spec["keys"])
+                         batch_size=spec["batch_size"], **extras(spec), **sampled(spec), **stops, **spec["keys"],
+                         **({"seed": spec["sampling"]["seed"]} if spec.get("sampling") else {}))
     return ([r.token_ids for r in result], [reference(model, spec, i) for i in range(len(spec["prompts"]))],
             sum(e > 1 for r in result for e in r.emitted_per_round), result)
 
@@ -415,7 +374,7 @@ def job_model(spec: dict):
 def run_job(spec: dict) -> tuple[list[dict], int]:
     """The job's records that are not what they should be ([{task, ...}]: empty, the case holds), and how
     many of its rounds committed several tokens. Every selected line has one record; a prompt's record
-    has generate's ids (or the plain sampling loop's with the task's draws), why they end and the text
+    has generate's ids (sampled: with the task's draws), why they end and the text
     they decode to, cut before a stop string (and with the in-run baseline, greedy: the same ids for
     generate's own decode); a broken line or an empty prompt has an error record. A resumed job keeps
     every record and writes the missing ones to the same result."""

@@ -1,7 +1,7 @@
 """scripts/fuzz_exact.py in the default suite: a few dozen of its random cases (each a tiny float64 model of
 some family, prompts, every lookahead key, the batch size, generate's processors, a row-wise
 prefix_allowed_tokens_fn and stopping criterion, lp.generate or the drop-in) decode to generate's ids (sampled ones to
-a plain loop's with the same draws); as JSONL jobs (--jobs) they write those ids, an error record for each bad
+generate's with the same draws); as JSONL jobs (--jobs) they write those ids, an error record for each bad
 line and, resumed, the whole run's records; the cases it found wrong stay pinned;
 and a wrong decode, record or resume is reported, not passed."""
 import sys
@@ -78,18 +78,21 @@ def test_a_wrong_decode_is_reported(entry, monkeypatch):
     assert fuzz_exact.main(["--case", str(spec["case"])]) == 1
 
 
-def test_a_sampled_drop_in_case_is_checked_against_its_own_draws(monkeypatch):
-    """The drop-in's sampled rows equal the plain loop's drawn as the drop-in draws them (seeded from torch's
-    generator), and not those of the next seed: the check bites."""
-    spec = next(s for s in map(fuzz_exact.draw_case, range(100))
-                if s["entry"] == "drop-in" and s["sampling"] and s["max_new_tokens"] > 5)
-    assert fuzz_exact.run_case(spec)[0] == []
-    real = fuzz_exact.drop_in_sampled_reference
+@pytest.mark.parametrize("entry", ["generate", "drop-in", "job"])
+def test_a_sampled_case_is_checked_against_its_own_draws(entry, monkeypatch):
+    """Sampled ids equal generate's with lp's draws (lp.generate: of the prompt's index; the drop-in: seeded
+    from torch's generator; a job: of the task id), and not with the next seed's: the check bites."""
+    draw, check = (fuzz_exact.job_case, fuzz_exact.run_job) if entry == "job" else \
+        (fuzz_exact.draw_case, fuzz_exact.run_case)
+    spec = next(s for s in map(draw, range(200)) if s["entry"] == entry and s["sampling"]
+                and s["max_new_tokens"] > 5 and not s["stop"] and not s["stop_on_repeat"])
+    assert check(spec)[0] == []
+    real = fuzz_exact.lp_draws
 
-    def next_seed(model, spec, ids):
-        return real(model, dict(spec, sampling=dict(spec["sampling"], seed=spec["sampling"]["seed"] + 1)), ids)
-    monkeypatch.setattr(fuzz_exact, "drop_in_sampled_reference", next_seed)
-    assert fuzz_exact.run_case(spec)[0] != []
+    def next_seed(spec, requests):
+        return real(dict(spec, sampling=dict(spec["sampling"], seed=spec["sampling"]["seed"] + 1)), requests)
+    monkeypatch.setattr(fuzz_exact, "lp_draws", next_seed)
+    assert check(spec)[0] != []
 
 
 def test_a_wrong_finish_reason_is_reported(monkeypatch):
@@ -150,8 +153,8 @@ def test_random_cases_under_lp_are_generates_ids(nproc, lp_size):
 # ---- --jobs: the same draws as JSONL jobs (lp.run in this process) -----------------------------------------
 
 def test_random_job_cases_hold():
-    """Jobs: every selected line has one record, a prompt's has generate's ids (sampled: the plain loop's
-    with the task's draws), finish reason and text, a bad line has an error record, and a resumed job
+    """Jobs: every selected line has one record, a prompt's has generate's ids (sampled: with the task's
+    draws), finish reason and text, a bad line has an error record, and a resumed job
     keeps every record."""
     drafted = 0
     for case in range(40):
