@@ -8,8 +8,8 @@ and stopping criterion, stop strings, and the entry (lp.generate, or the drop-in
 It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
 batch), greedy, or sampled with generate's own processors and warpers and lp's draws in place of
 torch.multinomial's (`lp_draws`: lp's sampling is exact that way, the same draws give the same tokens);
-and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number (`draw_case`), so any failure is
-replayed with `--case N`.
+and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number
+(`draw_case`), so any failure is replayed with `--case N`.
 
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
     python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
@@ -46,13 +46,16 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from click.testing import CliRunner
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lp  # noqa: E402
 from lp.decode.sampling import Draws, sample  # noqa: E402
-from lp.models import TinyTokenizer  # noqa: E402
+from lp.jobs.data import request_id  # noqa: E402
+from lp.models import TinyTokenizer, load_model  # noqa: E402
+from lp.run import main as lp_run  # noqa: E402
 from lp.tiny import FAMILIES as TINY_FAMILIES, tiny_random  # noqa: E402
 
 # every family of the architecture matrix (sliding windows, soft-capping, biases, partial rotary, learned
@@ -319,7 +322,7 @@ def job_case(case: int) -> dict:
     method = "autoregressive" if r.random() < 0.15 else "lookahead"
     baseline = method == "lookahead" and r.random() < 0.15
     # sampled ids are checked against lp's draws: generate's own sampling (autoregressive) draws others
-    sampled = sampling(r) if method == "lookahead" and r.random() < 0.3 else None
+    drawn = sampling(r) if method == "lookahead" and r.random() < 0.3 else None
     stop = stop_strings(r, spec["vocab"]) if r.random() < 0.3 else []
     text = TinyTokenizer(spec["vocab"]).decode
     lines = [dict(task_id=f"t{i}", prompt=text(ids)) for i, ids in enumerate(spec["prompts"])]
@@ -331,7 +334,7 @@ def job_case(case: int) -> dict:
     limit = r.choice((None, None, max(1, len(lines) - offset - 1)))
     selected = len(lines[offset:None if limit is None else offset + limit])
     resume = dict(keep=r.randrange(selected), torn=r.random() < 0.5) if r.random() < 0.3 else None
-    return dict(spec, entry="job", eos=[2], allowed=None, stop_on_repeat=False, sampling=sampled, stop=stop,
+    return dict(spec, entry="job", eos=[2], allowed=None, stop_on_repeat=False, sampling=drawn, stop=stop,
                 method=method, baseline=baseline, batch_size=1 if method != "lookahead" or baseline
                 else spec["batch_size"], lines=lines, offset=offset, limit=limit, resume=resume)
 
@@ -363,7 +366,6 @@ def job_model_name(spec: dict) -> str:
 
 def job_model(spec: dict):
     """The job's model as the job loads it (lp.models.load_model), kept while cases share it."""
-    from lp.models import load_model
     key = job_model_name(spec)
     if key not in _models:
         _models.clear()
@@ -378,10 +380,6 @@ def run_job(spec: dict) -> tuple[list[dict], int]:
     they decode to, cut before a stop string (and with the in-run baseline, greedy: the same ids for
     generate's own decode); a broken line or an empty prompt has an error record. A resumed job keeps
     every record and writes the missing ones to the same result."""
-    from click.testing import CliRunner
-
-    from lp.jobs.data import request_id
-    from lp.run import main as lp_run
     model = job_model(spec)
     with tempfile.TemporaryDirectory() as tmp:
         config = job_files(spec, Path(tmp))
@@ -404,7 +402,7 @@ def run_job(spec: dict) -> tuple[list[dict], int]:
                 except ValueError:
                     return [], 0                # generate refuses these knobs too
                 return [dict(error=failure)], 0
-            wrong, multi = job_records_wrong(spec, model, records, request_id)
+            wrong, multi = job_records_wrong(spec, model, records)
             if spec["resume"] and not wrong:
                 lines = out.read_bytes().splitlines(keepends=True)
                 kept = lines[:spec["resume"]["keep"]]
@@ -426,7 +424,8 @@ def selected(spec: dict) -> list[dict]:
     return spec["lines"][spec["offset"]:None if spec["limit"] is None else spec["offset"] + spec["limit"]]
 
 
-def job_records_wrong(spec: dict, model, records: list[dict], request_id) -> tuple[list[dict], int]:
+def job_records_wrong(spec: dict, model, records: list[dict]) -> tuple[list[dict], int]:
+    """run_job's checks of one run's records."""
     want_ids = sorted(line.get("task_id", "?") for line in selected(spec))
     got_ids = sorted(rec["task_id"] for rec in records)
     wrong = []
