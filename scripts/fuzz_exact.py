@@ -352,14 +352,14 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
             return [dict(error=f"lp refused what generate decodes: {refused}")], 0
         wanted = oracle(model, spec)
         in_float64 = functools.cache(lambda: oracle(model, spec, float64=True))
-    wrong = []
-    for i, (want, ids) in enumerate(zip(wanted, got)):
-        if ids != want or len(got) != len(wanted):
-            wrong.append(difference(dict(prompt=i), want, ids, in_float64()[i] == ids))
-        elif results is not None and results[i].finish_reason != finish_reason(spec, i, ids):
-            wrong.append(dict(prompt=i, finish_reason=results[i].finish_reason, want=finish_reason(spec, i, ids)))
-        elif results is not None and spec.get("stop") and results[i].text != stop_cut(spec, ids)[1]:
-            wrong.append(dict(prompt=i, text=results[i].text, want=stop_cut(spec, ids)[1]))
+        wrong = [] if len(got) == len(wanted) else [dict(error=f"{len(got)} outputs for {len(wanted)} prompts")]
+        for i, (want, ids) in enumerate(zip(wanted, got)):
+            if ids != want:
+                wrong.append(difference(dict(prompt=i), want, ids, in_float64()[i] == ids))
+            elif results is not None and results[i].finish_reason != finish_reason(spec, i, ids):
+                wrong.append(dict(prompt=i, finish_reason=results[i].finish_reason, want=finish_reason(spec, i, ids)))
+            elif results is not None and spec.get("stop") and results[i].text != stop_cut(spec, ids)[1]:
+                wrong.append(dict(prompt=i, text=results[i].text, want=stop_cut(spec, ids)[1]))
     return wrong, max(multi, 0)
 
 

@@ -117,6 +117,19 @@ def test_a_float32_near_tie_is_reported_apart(capsys):
     assert [s.dtype for s in scores] == [torch.float64] * 2
 
 
+def test_a_missing_output_is_reported(monkeypatch):
+    """lp.generate returning one result fewer than its prompts: reported, though every pair it has holds."""
+    spec = next(s for s in map(fuzz_exact.draw_case, range(100)) if s["entry"] == "generate" and len(s["prompts"]) > 1)
+    real = fuzz_exact.decode
+
+    def one_short(model, spec):
+        got, multi, results = real(model, spec)
+        return got[:-1], multi, results[:-1]
+    monkeypatch.setattr(fuzz_exact, "decode", one_short)
+    wrong, _ = fuzz_exact.run_case(spec)
+    assert wrong == [dict(error=f"{len(spec['prompts']) - 1} outputs for {len(spec['prompts'])} prompts")]
+
+
 def test_a_wrong_finish_reason_is_reported(monkeypatch):
     """lp.generate's results with every finish reason swapped for another: each prompt is named."""
     spec = next(s for s in map(fuzz_exact.draw_case, range(100)) if s["entry"] == "generate")
