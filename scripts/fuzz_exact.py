@@ -284,7 +284,7 @@ def decode(model, spec: dict) -> tuple[list[list[int]], int, list | None]:
     for the drop-in, which does not report them) and lp.generate's results (None: the drop-in)."""
     if spec["entry"] == "drop-in":
         ids, mask = padded(spec["prompts"])
-        torch.manual_seed(spec["sampling"]["seed"] if spec.get("sampling") else 0)
+        seed_torch(spec)
         got = hf_generate(model, ids, mask, spec, custom_generate=lp.lookahead, batch_size=spec["batch_size"],
                           **sampled(spec), **extras(spec), **spec["keys"])
         return got.tolist(), -1, None
@@ -295,6 +295,20 @@ def decode(model, spec: dict) -> tuple[list[list[int]], int, list | None]:
     return [r.token_ids for r in result], sum(e > 1 for r in result for e in r.emitted_per_round), result
 
 
+def seed_torch(spec: dict) -> None:
+    """Seeds torch's global generator with the case's seed (0 greedy), as a drop-in call is seeded."""
+    torch.manual_seed(spec["sampling"]["seed"] if spec.get("sampling") else 0)
+
+
+def drop_in_seeded(spec: dict) -> dict:
+    """The spec with the seed the drop-in draws lp's seed from replaced by that draw (one draw of torch's
+    generator after seed_torch)."""
+    seed_torch(spec)
+    if not spec.get("sampling"):
+        return spec
+    return dict(spec, sampling=dict(spec["sampling"], seed=int(torch.randint(0, 2**62, (1,)).item())))
+
+
 def oracle(model, spec: dict, float64: bool = False) -> list[list[int]]:
     """generate's ids for what decode decodes: each prompt alone, or the drop-in's padded batch (its draws
     lp's, seeded by one draw of torch's global generator, a request per row); `float64`:
@@ -302,10 +316,7 @@ def oracle(model, spec: dict, float64: bool = False) -> list[list[int]]:
     if spec["entry"] != "drop-in":
         return [reference(model, spec, i, float64=float64) for i in range(len(spec["prompts"]))]
     ids, mask = padded(spec["prompts"])
-    torch.manual_seed(spec["sampling"]["seed"] if spec.get("sampling") else 0)
-    seeded = dict(spec, sampling=dict(spec["sampling"], seed=int(torch.randint(0, 2**62, (1,)).item()))) \
-        if spec.get("sampling") else spec
-    with lp_draws(seeded, range(len(spec["prompts"]))), generate_in_float64(model, float64):
+    with lp_draws(drop_in_seeded(spec), range(len(spec["prompts"]))), generate_in_float64(model, float64):
         return hf_generate(model, ids, mask, spec, **sampled(spec), **extras(spec)).tolist()
 
 
@@ -320,6 +331,15 @@ def finish_reason(spec: dict, i: int, ids: list[int]) -> str | None:
     if ids and spec["stop_on_repeat"] and seq[-1] == seq[-2]:
         return "stop"
     return "length" if len(ids) == spec["max_new_tokens"] else None
+
+
+def generate_refuses(model, spec: dict) -> bool:
+    """Whether generate refuses the case's knobs too (then lp's refusal is right)."""
+    try:
+        reference(model, spec, 0)
+    except ValueError:
+        return True
+    return False
 
 
 def difference(where: dict, want: list[int], got: list[int], float32_tie: bool) -> dict:
@@ -345,10 +365,8 @@ def run_case(spec: dict) -> tuple[list[dict], int]:
         try:
             got, multi, results = decode(model, spec)
         except ValueError as refused:
-            try:
-                reference(model, spec, 0)
-            except ValueError:
-                return [], 0                    # generate refuses them too
+            if generate_refuses(model, spec):
+                return [], 0
             return [dict(error=f"lp refused what generate decodes: {refused}")], 0
         wanted = oracle(model, spec)
         in_float64 = functools.cache(lambda: oracle(model, spec, float64=True))
@@ -453,11 +471,7 @@ def run_job(spec: dict) -> tuple[list[dict], int]:
             warnings.simplefilter("ignore")
             records, failure = run()
             if records is None:
-                try:
-                    reference(model, spec, 0)
-                except ValueError:
-                    return [], 0                # generate refuses these knobs too
-                return [dict(error=failure)], 0
+                return ([], 0) if generate_refuses(model, spec) else ([dict(error=failure)], 0)
             wrong, multi = job_records_wrong(spec, model, records)
             if spec["resume"] and not failures(wrong):
                 lines = out.read_bytes().splitlines(keepends=True)
@@ -467,11 +481,12 @@ def run_job(spec: dict) -> tuple[list[dict], int]:
                 again, failure = run()
                 if again is None:
                     return [dict(error=f"resumed after {len(kept)} records: {failure}")], multi
-                keys = ("token_ids", "finish_reason", "error", "completion")
-                first = {rec["task_id"]: [rec.get(k) for k in keys] for rec in records}
-                if len(again) != len(records) or {rec["task_id"]: [rec.get(k) for k in keys] for rec in again} != first:
+                def outcomes(recs):
+                    return {r["task_id"]: [r.get(k) for k in ("token_ids", "finish_reason", "error", "completion")]
+                            for r in recs}
+                if len(again) != len(records) or outcomes(again) != outcomes(records):
                     wrong.append(dict(task="resume", kept=len(kept), torn=bool(torn),
-                                      want=sorted(first), got=[rec["task_id"] for rec in again]))
+                                      want=sorted(outcomes(records)), got=[r["task_id"] for r in again]))
     return wrong, multi
 
 
