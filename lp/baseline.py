@@ -47,6 +47,13 @@ class _Stopper(StoppingCriteria):
                           dtype=torch.bool, device=input_ids.device)
 
 
+def generate_seed(seed: int, request: int) -> int:
+    """The torch seed of request `request`'s sampled `generate` under the job's `seed`: a function of the
+    two alone, so a request's autoregressive output is the same in every run, rank and order."""
+    key = f"{seed}|{request}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+
 @torch.inference_mode()
 def autoregressive_generate(
     model,
@@ -70,11 +77,10 @@ def autoregressive_generate(
     sampling = dict(do_sample=False)
     if temperature > 0:
         sampling = dict(do_sample=True, temperature=temperature, top_h=generation.top_h or None,
-                        top_k=generation.top_k or None, top_p=generation.top_p, min_p=generation.min_p or None,
+                        top_k=generation.top_k, top_p=generation.top_p, min_p=generation.min_p or None,
                         typical_p=generation.typical_p, epsilon_cutoff=generation.epsilon_cutoff,
                         eta_cutoff=generation.eta_cutoff)
-        key = f"{getattr(generation, 'seed', 0)}|{request}".encode()
-        torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+        torch.manual_seed(generate_seed(getattr(generation, "seed", 0), request))
     config = GenerationConfig(max_new_tokens=generation.max_new_tokens, num_beams=1,
                               eos_token_id=eos or None, pad_token_id=pad, bos_token_id=own.bos_token_id,
                               repetition_penalty=generation.repetition_penalty,

@@ -87,6 +87,26 @@ def test_processors_reach_generate(loaded):
     assert autoregressive_generate(loaded.model, [5, 6, 7], sampled, eos_token_ids=[]).new_tokens == 12
 
 
+def test_sampling_with_top_k_0_is_not_cut_to_generates_top_50(loaded):
+    """A job's `top_k: 0` is off for the autoregressive method and the in-run baseline, as for lookahead:
+    their generate gets 0, since an unset top_k in a GenerationConfig is filled with generate's 50, which
+    would leave 14 of this model's 64 tokens out. With top_k 50 none of those is drawn (the control)."""
+    import torch
+    x = torch.tensor([[5, 6, 7]])
+    scores = loaded.model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=3.0,
+                                   max_new_tokens=1, pad_token_id=0, output_scores=True,
+                                   return_dict_in_generate=True).scores[0][0]
+    kept = set(torch.isfinite(scores).nonzero().flatten().tolist())
+    assert len(kept) == 50
+
+    def firsts(top_k):
+        return {autoregressive_generate(loaded.model, [5, 6, 7], GenerationParams(1, temperature=3.0, top_k=top_k,
+                                                                                  seed=seed)).token_ids[0]
+                for seed in range(300)}
+    assert firsts(0) - kept
+    assert firsts(50) <= kept
+
+
 def test_empty_prompt_is_rejected(loaded):
     with pytest.raises(ValueError, match="empty"):
         autoregressive_generate(loaded.model, [], GenerationParams(4))
