@@ -52,6 +52,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lp  # noqa: E402
+from lp.baseline import generate_seed  # noqa: E402
 from lp.decode.sampling import Draws, sample  # noqa: E402
 from lp.jobs.data import request_id  # noqa: E402
 from lp.models import TinyTokenizer, load_model  # noqa: E402
@@ -250,12 +251,17 @@ def sampled(spec: dict) -> dict:
     return {"do_sample": True, **job, **{k: v for k, v in spec["sampling"].items() if k != "seed"}}
 
 
-def reference(model, spec: dict, i: int, request: int | None = None, float64: bool = False) -> list[int]:
+def reference(model, spec: dict, i: int, request: int | None = None, float64: bool = False,
+              own_draws: bool = False) -> list[int]:
     """generate's ids after prompt `i` alone, up to and including the first EOS: greedy, or sampled with
     lp's draws of `request` (by default `i`: lp.generate addresses its draws by the prompt's index, a job
-    by its task id); `float64`: generate_in_float64."""
+    by its task id), or with generate's own draws (`own_draws`: torch seeded as a job's autoregressive
+    method and in-run baseline seed it, of the job's seed and `request`); `float64`: generate_in_float64."""
     x = torch.tensor([spec["prompts"][i]])
-    with lp_draws(spec, [i if request is None else request]), generate_in_float64(model, float64):
+    request = i if request is None else request
+    if own_draws and spec.get("sampling"):
+        torch.manual_seed(generate_seed(spec["sampling"]["seed"], request))
+    with lp_draws({} if own_draws else spec, [request]), generate_in_float64(model, float64):
         ids = hf_generate(model, x, torch.ones_like(x), spec, **sampled(spec), **extras(spec, i))
     ids = ids[0, x.shape[1]:].tolist()
     ids = next((ids[:k + 1] for k, t in enumerate(ids) if t in spec["eos"]), ids)
@@ -395,8 +401,7 @@ def job_case(case: int) -> dict:
     r = random.Random(f"job {case}")
     method = "autoregressive" if r.random() < 0.15 else "lookahead"
     baseline = method == "lookahead" and r.random() < 0.15
-    # sampled ids are checked against lp's draws: generate's own sampling (autoregressive) draws others
-    drawn = sampling(r) if method == "lookahead" and r.random() < 0.3 else None
+    drawn = sampling(r) if r.random() < 0.3 else None
     stop = stop_strings(r, spec["vocab"]) if r.random() < 0.3 else []
     text = TinyTokenizer(spec["vocab"]).decode
     lines = [dict(task_id=f"t{i}", prompt=text(ids)) for i, ids in enumerate(spec["prompts"])]
@@ -451,8 +456,8 @@ def run_job(spec: dict) -> tuple[list[dict], int]:
     """The job's records that are not what they should be ([{task, ...}]: empty, the case holds), and how
     many of its rounds committed several tokens. Every selected line has one record; a prompt's record
     has generate's ids (sampled: with the task's draws), why they end and the text
-    they decode to, cut before a stop string (and with the in-run baseline, greedy: the same ids for
-    generate's own decode); a broken line or an empty prompt has an error record. A resumed job keeps
+    they decode to, cut before a stop string (the autoregressive method's, and the in-run baseline's, are
+    generate's with its own draws, seeded of the task); a broken line or an empty prompt has an error record. A resumed job keeps
     every record and writes the missing ones to the same result."""
     model = job_model(spec)
     with tempfile.TemporaryDirectory() as tmp:
@@ -510,20 +515,21 @@ def job_records_wrong(spec: dict, model, records: list[dict]) -> tuple[list[dict
             if not rec["error"]:
                 wrong.append(dict(task=rec["task_id"], error=None, want="an error record"))
             continue
-        ids = rec["token_ids"]
-        want = reference(model, spec, i, request_id(rec["task_id"]))
+        ids, request, own = rec["token_ids"], request_id(rec["task_id"]), spec["method"] == "autoregressive"
+        want = reference(model, spec, i, request, own_draws=own)
         text = stop_cut(spec, ids)[1] if spec["stop"] else tokenizer.decode(ids, skip_special_tokens=True)
         multi += sum(e > 1 for e in rec["emitted_per_round"])
         if rec["error"] or ids != want:
-            tie = not rec["error"] and reference(model, spec, i, request_id(rec["task_id"]), float64=True) == ids
+            tie = not rec["error"] and reference(model, spec, i, request, float64=True, own_draws=own) == ids
             wrong.append(difference(dict(task=rec["task_id"], error=rec["error"]), want, ids, tie))
         elif rec["finish_reason"] != finish_reason(spec, i, ids):
             wrong.append(dict(task=rec["task_id"], finish_reason=rec["finish_reason"],
                               want=finish_reason(spec, i, ids)))
         elif rec["completion"] != text:
             wrong.append(dict(task=rec["task_id"], completion=rec["completion"], want=text))
-        elif spec["baseline"] and not spec["sampling"] and rec["baseline_token_ids"] != want:
-            wrong.append(dict(task=rec["task_id"], baseline=rec["baseline_token_ids"], want=want))
+        elif spec["baseline"] and rec["baseline_token_ids"] != (
+                base := reference(model, spec, i, request, own_draws=True) if spec["sampling"] else want):
+            wrong.append(dict(task=rec["task_id"], baseline=rec["baseline_token_ids"], want=base))
     return wrong, multi
 
 

@@ -199,11 +199,18 @@ def test_random_job_cases_hold():
     assert drafted > 0
 
 
+def test_a_job_case_once_found_wrong():
+    """Job 407: a sampled job (temperature 1.45, top_k 0) with the in-run baseline, whose generate drew
+    from its top-50 (an unset top_k), where lookahead and the job's config draw from all 64 tokens."""
+    assert fuzz_exact.run_job(fuzz_exact.job_case(407))[0] == []
+
+
 def test_the_job_draws_cover_methods_bad_lines_and_resumes():
     specs = [fuzz_exact.job_case(c) for c in range(40)]
     assert {s["entry"] for s in specs} == {"job"} and not any(s["allowed"] or s["stop_on_repeat"] for s in specs)
     assert {s["method"] for s in specs} == {"lookahead", "autoregressive"} and any(s["baseline"] for s in specs)
     assert any(s["sampling"] for s in specs) and any(s["stop"] for s in specs)
+    assert any(s["sampling"] and s["baseline"] for s in specs)      # checked against generate's own draws
     assert any(s["batch_size"] > 1 for s in specs) and len({k for s in specs for k in s["knobs"]}) >= 6
     assert {bool(s["resume"]["torn"]) for s in specs if s["resume"]} == {True, False}
     assert any(line.get("broken") for s in specs for line in s["lines"])
