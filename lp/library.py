@@ -67,7 +67,8 @@ from lp.messages import short_repr
 
 logger = logging.getLogger("lp.library")
 LOOKAHEAD_KEYS = tuple(f.name for f in dataclasses.fields(LookaheadParams))
-# generation config options that ask for another decoding than lookahead's, or for more output than ids:
+# generation config options that ask for another decoding than lookahead's (each of generate's generation
+# modes but greedy and sampling: GenerationConfig.get_generation_mode), or for more output than ids:
 # (name, whether its value (and the config) asks for it, what); an output flag without
 # return_dict_in_generate asks for nothing (generate ignores it), nor does penalty_alpha 0
 _OUTPUTS = lambda v, c: bool(v) and bool(c.return_dict_in_generate)  # noqa: E731
@@ -75,6 +76,11 @@ _REFUSED_OPTIONS = (("num_beams", lambda v, c: v not in (None, 1), "beam search"
                     ("num_return_sequences", lambda v, c: v not in (None, 1), "several sequences per prompt"),
                     ("penalty_alpha", lambda v, c: v is not None and v > 0, "contrastive search"),
                     ("prompt_lookup_num_tokens", lambda v, c: v is not None, "prompt lookup (assisted) decoding"),
+                    ("assistant_early_exit", lambda v, c: v is not None, "early-exit (assisted) decoding"),
+                    ("use_mtp", lambda v, c: bool(v), "multi-token prediction (assisted) decoding"),
+                    ("force_words_ids", lambda v, c: v is not None, "constrained beam search"),
+                    ("constraints", lambda v, c: v is not None, "constrained beam search"),
+                    ("dola_layers", lambda v, c: v is not None, "DoLa decoding"),
                     ("output_scores", _OUTPUTS, "scores in the output"),
                     ("output_logits", _OUTPUTS, "logits in the output"),
                     ("output_attentions", _OUTPUTS, "attentions in the output"),

@@ -143,6 +143,10 @@ class Lift(LogitsProcessor):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_beams=2), "beam search"),
+    (dict(force_words_ids=[[3, 4]]), r"constrained beam search \(force_words_ids=\[\[3, 4\]\]\)"),
+    (dict(dola_layers="low"), r"DoLa decoding \(dola_layers='low'\)"),
+    (dict(assistant_early_exit=1), r"early-exit \(assisted\) decoding"),
+    (dict(use_mtp=True), r"multi-token prediction \(assisted\) decoding"),
     (dict(encoder_no_repeat_ngram_size=2),
      r"EncoderNoRepeatNGramLogitsProcessor \(encoder_no_repeat_ngram_size\) exactly: it reads more than each row's"),
     (dict(guidance_scale=1.5), r"UnbatchedClassifierFreeGuidanceLogitsProcessor \(guidance_scale\) exactly"),
