@@ -459,6 +459,11 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
         lp.generate(model, PROMPTS[0], repetition_penalty=0.0)
     with pytest.raises(ValueError, match=r"generation.min_new_tokens: -1 must be >= 0"):
         lp.generate(model, PROMPTS[0], min_new_tokens=-1)
+    vocab = model.get_output_embeddings().weight.shape[0]        # generate refuses these ids (or fails on them)
+    for key, value in (("bad_words_ids", [[vocab]]), ("forced_eos_token_id", [vocab]),
+                       ("sequence_bias", {(1, vocab): 1.0})):
+        with pytest.raises(ValueError, match=rf"generation.{key}: token ids \[{vocab}.*\] are past the model's"):
+            lp.generate(model, PROMPTS[0], max_new_tokens=4, **{key: value})
 
 
 def test_generate_applies_generates_processors(model):

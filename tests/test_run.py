@@ -435,6 +435,21 @@ def test_max_new_tokens_past_the_models_positions_is_one_line_before_any_prompt(
     assert "set it below 2048" in result.stderr and read_results(out) == []
 
 
+@pytest.mark.parametrize("method", ["lookahead", "autoregressive"])
+@pytest.mark.parametrize("key,value", [("forced_eos_token_id", [100000]), ("bad_words_ids", [[5], [7, 100000]]),
+                                       ("sequence_bias", [[[100000], 1.0]])])
+def test_token_ids_past_the_models_logits_are_one_line_before_any_prompt(tmp_path, method, key, value):
+    """A processor key's token id past the model's logits: one line naming the key, exit 1, no record. Before,
+    lookahead forced token 0 for an unknown forced EOS id and ignored an unknown bad word, while generate
+    (the autoregressive method) failed on both with a traceback."""
+    config, out = write_job(tmp_path, [{"task_id": "a", "prompt": "abc"}],
+                            generation={key: value, "method": method})
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1 and result.stderr.startswith(
+        f"error: generation.{key}: token ids [100000] are past the model's "), result.output
+    assert "Traceback" not in result.output and read_results(out) == []
+
+
 def test_baseline_in_the_same_run(tmp_path):
     config, out = write_job(tmp_path, PROMPTS, baseline={"enabled": True})
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])

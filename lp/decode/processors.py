@@ -233,6 +233,20 @@ def _row_positions(states: Sequence[RequestState], plans: Sequence[RoundPlan], n
     return out
 
 
+def vocabulary_problem(generation: GenerationParams, vocab: int) -> str | None:
+    """Why `generation`'s processors cannot run on a model of `vocab` logits (one line naming the key), or
+    None: a token id past the logits in one of the keys generate refuses such an id in (bad_words_ids,
+    sequence_bias) or fails on (forced_eos_token_id). suppress_tokens and begin_suppress_tokens past
+    them suppress nothing, in generate and in lp alike."""
+    for key, ids in (("bad_words_ids", [t for word in generation.bad_words_ids for t in word]),
+                     ("sequence_bias", [t for ids, _ in generation.sequence_bias for t in ids]),
+                     ("forced_eos_token_id", generation.forced_eos_token_id)):
+        past = sorted({t for t in ids if not 0 <= t < vocab})
+        if past:
+            return f"generation.{key}: token ids {past} are past the model's {vocab} logits (ids 0 to {vocab - 1})"
+    return None
+
+
 class Processors:
     """generate's processors for a decode: what a round uploads for them and their work on its frame.
     Each request keeps its tokens not yet on the device (`RequestState.unseen`), its device presence
@@ -256,9 +270,8 @@ class Processors:
         # sequence_bias: the one-token biases and the multi-token entries' (last token, bias), float32 as
         # generate keeps them; on the device at the first round: the one-token biases [V] and each entry's
         # bias plus its last token's one-token bias, summed in the scores' dtype as generate sums them
-        past = sorted({t for ids, _ in generation.sequence_bias for t in ids if t >= vocab})
-        if past:
-            raise ValueError(f"generation.sequence_bias: tokens {past} are past the model's {vocab} logits")
+        if problem := vocabulary_problem(generation, vocab):
+            raise ValueError(problem)
         self.single = {ids[0]: bias for ids, bias in generation.sequence_bias if len(ids) == 1}
         self.multi = [(ids[-1], bias) for ids, bias in multi_token_biases(generation)]
         self.bias = self.table = None

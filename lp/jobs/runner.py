@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lp.baseline import autoregressive_generate
-from lp.decode.arch import position_limit
+from lp.decode.arch import logits_size, position_limit
+from lp.decode.processors import vocabulary_problem
 from lp.decode.propose import job_cache
 from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, decode_batch, lookahead_generate
@@ -118,6 +119,8 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         if (limit := position_limit(loaded.model.config)) is not None and cfg.generation.max_new_tokens >= limit:
             raise JobError(f"generation.max_new_tokens={cfg.generation.max_new_tokens} leaves no room for a prompt "
                            f"in the {limit} positions of {loaded.name}: set it below {limit}")
+        if problem := vocabulary_problem(cfg.generation, logits_size(loaded.model)):
+            raise JobError(problem)
         logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
                     loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
