@@ -188,7 +188,7 @@ def test_one_run_per_directory(tmp_path):
 ])
 def test_an_unusable_output_dir_is_named(tmp_path, where, message):
     """An output.dir that is a file, lies under a file or holds a results.jsonl link to nowhere: one
-    line naming output.dir, exit 1, nothing decoded."""
+    line naming output.dir, exit 1, nothing decoded; and the same line from --check."""
     config = write_job(tmp_path)
     spec = yaml.safe_load(config.read_text())
     out = tmp_path / "out"
@@ -202,8 +202,10 @@ def test_an_unusable_output_dir_is_named(tmp_path, where, message):
         (out / "results.jsonl").symlink_to(tmp_path / "missing" / "results.jsonl")
     spec["output"]["dir"] = str(out)
     config.write_text(yaml.safe_dump(spec))
-    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
-    assert result.exit_code == 1 and result.stderr.strip() == "error: " + message.format(out=out), result.output
+    for check in (["--check"], []):      # --check says what the run will, and the run says it
+        result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *check])
+        assert result.exit_code == 1 and result.stderr.strip() == "error: " + message.format(out=out), \
+            (check, result.output)
 
 
 def test_append_never_duplicates(tmp_path):

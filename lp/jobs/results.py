@@ -23,6 +23,7 @@ the records, append to their own file, never repair another group's file).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -113,10 +114,12 @@ class JobDir:
               prompt_hashes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """What `open` would refuse, without writing anything or keeping the lock: the records a run
         would keep ({} with `fresh` or no directory yet); JobDirError for a path that cannot be a job's
-        directory, one another run holds, or corrupt results, ResumeRefused as `open`."""
+        directory (a file, under one, where it cannot be made, a results link to nowhere), one another
+        run holds, or corrupt results, ResumeRefused as `open`."""
         if self.dir.exists() and not self.dir.is_dir():
             raise JobDirError(f"output.dir {self.dir} is a file, not a directory")
         if not self.dir.exists():
+            self._check_creatable()
             return {}
         try:
             if (self.dir / LOCK_FILE).exists():       # taken and given back at once, as open would take it
@@ -126,6 +129,8 @@ class JobDir:
             raise JobDirError(f"{self.dir} is in use by another run") from None
         if fresh:
             return {}
+        if self.results_path.is_symlink() and not self.results_path.resolve().parent.is_dir():
+            raise self._unusable(FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.results_path)))
         try:
             self.records = self._read_records(repair=False)
         except JobDirError:
@@ -159,6 +164,17 @@ class JobDir:
                 f"another output.dir")
         if stale:
             logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
+
+    def _check_creatable(self) -> None:
+        """JobDirError, as `open` would give it, where the missing directory could not be made: its nearest
+        existing ancestor is a file, or one this process cannot write to (nothing is written to tell)."""
+        parent = self.dir.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise self._unusable(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.dir)))
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise self._unusable(PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.dir)))
 
     def _unusable(self, e: OSError) -> JobDirError:
         if isinstance(e, JobDirError):
