@@ -93,6 +93,18 @@ def test_killed_batched_job_resumes_to_one_record_per_task(tmp_path):
         assert r["token_ids"] == uninterrupted[r["task_id"]]["token_ids"], r["task_id"]
 
 
+def test_a_forced_run_with_another_batch_size_measures_its_costs_again(tmp_path):
+    """A run that keeps the records of another batch size (--force) measures the row budget's grid for its
+    own: before, it read the first run's cost_curve.json, a grid without its batch size."""
+    config = job(tmp_path, generation={"max_new_tokens": 6, "batch_size": 2})
+    out = tmp_path / "out"
+    run(config, "--set", "data.limit=2")
+    assert {p["batch"] for p in json.loads((out / "cost_curve.json").read_text())["curve"]} == {1, 2}
+    run(config, "--force", "--set", "generation.batch_size=3")
+    recorded = json.loads((out / "cost_curve.json").read_text())
+    assert {p["batch"] for p in recorded["curve"]} == {1, 3} and recorded["measured_for"]["batch_size"] == 3
+
+
 @pytest.mark.parametrize("world,lp_size", [(2, None), (2, 1)], ids=["lp2", "dp2"])
 def test_batched_job_under_torchrun(tmp_path, batch_one, world, lp_size):
     """P = 2 splits every batched round's rows; two dp groups each run their own batch."""
@@ -126,15 +138,21 @@ def test_bad_batch_settings_are_config_errors(tmp_path, sets, message):
     assert "Traceback" not in result.output
 
 
-def test_recorded_costs_from_before_drafting_was_measured_read_as_no_drafting_charge(tmp_path):
+def test_recorded_costs_are_read_only_for_the_settings_they_were_measured_for(tmp_path):
+    """cost_curve.json is the row budget's for one model, batch size and lookahead: other settings (a run
+    with --force, or one that changed them before keeping a record) and a file from an lp that did not
+    record them read as none, so the run measures again; an unreadable file is named."""
     from lp.jobs.results import JobDir, JobDirError
     job_dir = JobDir(tmp_path)
-    assert job_dir.read_costs() is None
+    measured_for = dict(model=dict(name="m", dtype="float64"), batch_size=4, lookahead=dict(window=4))
+    assert job_dir.read_costs(measured_for) is None
     curve = [{"batch": 1, "rows": 1, "seconds": 0.01}]
-    job_dir.curve_path.write_text(json.dumps({"prefix_tokens": 256, "curve": curve}))
-    assert job_dir.read_costs() == {"curve": curve, "draft_seconds": 0.0}
-    job_dir.write_costs({"curve": curve, "draft_seconds": 2e-4}, 256)
-    assert job_dir.read_costs() == {"curve": curve, "draft_seconds": 2e-4}
+    job_dir.write_costs({"curve": curve, "draft_seconds": 2e-4}, measured_for)
+    assert job_dir.read_costs(measured_for) == {"curve": curve, "draft_seconds": 2e-4}
+    assert job_dir.read_costs(dict(measured_for, batch_size=16)) is None
+    assert job_dir.read_costs(dict(measured_for, model=dict(name="other", dtype="float64"))) is None
+    job_dir.curve_path.write_text(json.dumps({"prefix_tokens": 256, "curve": curve}))     # an older lp's
+    assert job_dir.read_costs(measured_for) is None
     job_dir.curve_path.write_text("[1, 2]")
     with pytest.raises(JobDirError, match="cannot be read .*delete it to measure the costs again"):
-        job_dir.read_costs()
+        job_dir.read_costs(measured_for)

@@ -260,20 +260,24 @@ class JobDir:
 
     # ---- writing ------------------------------------------------------------------------------------------
 
-    def read_costs(self) -> dict[str, Any] | None:
+    def read_costs(self, measured_for: Mapping[str, Any]) -> dict[str, Any] | None:
         """The row budget's costs recorded with this job ({"curve": the forward-time grid,
-        "draft_seconds": drafting's host seconds per request; 0.0 in a file from before it was
-        recorded}), None before they are."""
+        "draft_seconds": drafting's host seconds per request}), None before they are, or where they were
+        measured for other settings than `measured_for` (the model, batch size and lookahead sections: a
+        run that changed them with --force, or before it kept a record, or a file from an older lp
+        that did not record them, measures again)."""
         try:
             data = json.loads(self.curve_path.read_text(encoding="utf-8"))
-            return {"curve": list(data["curve"]), "draft_seconds": float(data.get("draft_seconds", 0.0))}
+            if data.get("measured_for") != json.loads(json.dumps(measured_for)):
+                return None
+            return {"curve": list(data["curve"]), "draft_seconds": float(data["draft_seconds"])}
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise JobDirError(f"{self.curve_path} cannot be read ({e}); delete it to measure the costs again") from None
 
-    def write_costs(self, costs: dict[str, Any], prefix: int) -> dict[str, Any]:
-        write_atomic(self.curve_path, json.dumps({"prefix_tokens": prefix, **costs}, indent=1) + "\n")
+    def write_costs(self, costs: dict[str, Any], measured_for: Mapping[str, Any]) -> dict[str, Any]:
+        write_atomic(self.curve_path, json.dumps({"measured_for": measured_for, **costs}, indent=1) + "\n")
         return costs
 
     def append(self, record: dict[str, Any]) -> None:

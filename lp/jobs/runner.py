@@ -126,11 +126,12 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
         costs = None      # the row budget's costs: measured once, kept with the job for a resume
         if first and budgeted(cfg):
-            costs = job.read_costs() or job.write_costs(measure_costs(cfg, loaded, prompts), CURVE_PREFIX)
+            costs = job.read_costs(costs_for(cfg)) or job.write_costs(measure_costs(cfg, loaded, prompts),
+                                                                       costs_for(cfg))
         if comm.dp_size > 1:
             comm.world_barrier()
         if comm.lead and not first and budgeted(cfg):
-            costs = job.read_costs()
+            costs = job.read_costs(costs_for(cfg))
         start = time.perf_counter()
         if not comm.lead:
             _follow(cfg, loaded, comm)
@@ -322,6 +323,14 @@ def batched(cfg: JobConfig) -> bool:
 def budgeted(cfg: JobConfig) -> bool:
     """Whether the job's batched rounds cut their trees by the row budget."""
     return batched(cfg) and cfg.lookahead.row_budget
+
+
+def costs_for(cfg: JobConfig) -> dict[str, Any]:
+    """What the row budget's measured costs hold for: the model section (name, dtype, device, attention,
+    compile), the batch size, the lookahead section and the cached prefix the grid is measured over."""
+    sections = cfg.to_dict()
+    return dict(model=sections["model"], batch_size=cfg.generation.batch_size, lookahead=sections["lookahead"],
+                prefix_tokens=CURVE_PREFIX)
 
 
 def measure_costs(cfg: JobConfig, loaded: LoadedModel, prompts: Sequence[Prompt]) -> dict[str, Any]:
