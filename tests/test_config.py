@@ -1,6 +1,7 @@
 """Job config: bad configs exit 2 naming the key, good configs round-trip, --set works."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -269,6 +270,20 @@ def test_shipped_configs_are_all_tested():
     assert {"humaneval-smollm2.yaml", "humaneval-smollm2-full.yaml", "example-jsonl.yaml",
             "classeval-smollm2.yaml", "codellama-7b-instruct-classeval.yaml"} <= names
     assert any("codellama" in n for n in names)
+
+
+@pytest.mark.parametrize("stop", ["\x85", "a\u2028b", "\u2029", "é ü 中"])
+def test_text_round_trips_through_the_written_config(tmp_path, stop):
+    """config.yaml reads back to the config it was written from, so the same command resumes: PyYAML writes
+    U+0085, U+2028 and U+2029 raw and reads them back as line breaks (before, a stop string holding one
+    refused its own resume as a changed config); other non-ASCII text stays as written."""
+    cfg = load_config(SHIPPED[0], ["generation.stop=" + json.dumps([stop])])
+    assert cfg.generation.stop == (stop,)
+    again = tmp_path / "again.yaml"
+    again.write_text(cfg.to_yaml(), encoding="utf-8")
+    assert load_config(again) == cfg
+    if stop.isprintable():
+        assert stop in cfg.to_yaml()
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[Path(p).name for p in SHIPPED])
