@@ -133,6 +133,11 @@ BAD = [
      "generation.sequence_bias: [1, 2, 3] and [2, 3] can complete on the same token"),
     ("seed-negative", {"generation": {"seed": -3}}, [], "generation.seed:"),
     ("seed-float", {"generation": {"seed": 1.5}}, [], "generation.seed:"),
+    ("temperature-past-floats", {}, ["generation.temperature=1" + "0" * 400], "generation.temperature:"),
+    ("bias-past-floats", {}, ["generation.sequence_bias=[[[3], 1" + "0" * 400 + "]]"], "generation.sequence_bias:"),
+    ("instruction-surrogate", {}, ['data.instruction="{prompt}\\ud800"'],      # YAML's escape: no UTF-8 holds it
+     "data.instruction: '{prompt}\\ud800' must be a string of Unicode text"),
+    ("stop-surrogate", {}, ['generation.stop=["a\\udc00"]'], "generation.stop:"),
 ]
 
 
@@ -213,6 +218,7 @@ def test_mistyped_key_is_reported_once(tmp_path):
     ("generation:\n  max_new_tokens: 8\n  max_new_tokens: 16\n",   # safe_load would keep 16 silently
      "key 'max_new_tokens' on line 3 was already given on line 2"),
     ("model: {name: x}\nmodel: {dtype: float64}\n", "key 'model' on line 2 was already given on line 1"),
+    ("model:\n  ? [a, b]\n  : 1\n", "found unhashable key"),       # a list as a key
 ])
 def test_unreadable_config_exits_2(tmp_path, text, needle):
     path = tmp_path / "job.yaml"

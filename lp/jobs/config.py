@@ -58,7 +58,7 @@ import yaml
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
-from lp.messages import one_line, short_repr
+from lp.messages import lone_surrogate, one_line, short_repr
 from lp.models import ATTN_IMPLEMENTATIONS, CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
 
@@ -305,7 +305,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
-            if isinstance(key, typing.Hashable) and key in seen:
+            try:
+                hash(key)
+            except TypeError:       # a list or a mapping as a key: super() refuses it, naming its line
+                continue
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} on line {line} was already given on line {seen[key]}")
             seen[key] = line
@@ -450,6 +454,23 @@ def check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, 
     return values, problems
 
 
+def _float_sized(number: int | float) -> bool:
+    """Whether `number` converts to a float (an integer past 1.8e308 does not)."""
+    try:
+        float(number)
+    except OverflowError:
+        return False
+    return True
+
+
+_UNICODE = " of Unicode text (no lone surrogate escape)"     # what a string that is one must be
+
+
+def _text(value: Any) -> bool:
+    """A string that every file lp writes can hold: no lone surrogate (YAML's and JSON's \\ud800 escapes)."""
+    return isinstance(value, str) and lone_surrogate(value) is None
+
+
 def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     """(accepted, converted value, description of what is allowed) for the types configs use."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -464,13 +485,15 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _float_sized(value)
         return ok, float(value) if ok else value, "a number"
     if tp is str:
-        return isinstance(value, str), value, "a string"
+        return _text(value), value, "a string" + _UNICODE * isinstance(value, str)
     if origin in (tuple, list) and args and args[0] is str:
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, "a list of strings"
+        ok = isinstance(value, list) and all(_text(v) for v in value)
+        texts = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, \
+            "a list of strings" + _UNICODE * texts
     if origin is tuple and args and args[0] is int:       # token ids
         ok = isinstance(value, (list, tuple)) and all(_check_type(t, int)[0] for t in value)
         return ok, tuple(value) if ok else value, "a list of token ids"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lp.jobs.config import DataSection
-from lp.messages import short_repr
+from lp.messages import lone_surrogate, short_repr
 
 
 class DataError(ValueError):
@@ -148,7 +148,7 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
         task_id = str(task_id)
     if not isinstance(task_id, str) or not task_id:
         return bad(f"task_id {short_repr(task_id, 60)} is not a non-empty string")
-    if (at := _surrogate(task_id)) is not None:
+    if (at := lone_surrogate(task_id)) is not None:
         return bad(f"task_id {short_repr(task_id, 60)} is not Unicode text (a lone surrogate escape at character "
                    f"{at + 1})")
     if task_id.startswith("<line "):
@@ -162,16 +162,7 @@ def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Pr
         return bad(f"prompt {short_repr(prompt, 60)} is not a string", task_id)
     if not prompt:
         return bad("prompt is empty", task_id)
-    if (at := _surrogate(prompt)) is not None:
+    if (at := lone_surrogate(prompt)) is not None:
         return bad(f"prompt is not Unicode text (a lone surrogate escape, {prompt[at]!r}, at character {at + 1})",
                    task_id)
     return Prompt(task_id, prompt, line=lineno)
-
-
-def _surrogate(text: str) -> int | None:
-    """Where JSON's \\uD800-\\uDFFF escapes left a lone surrogate in `text` (no UTF-8 encodes one), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
