@@ -154,16 +154,44 @@ def test_torn_last_line_is_cut_off(tmp_path):
     assert comparable(json.loads((out / "summary.json").read_text())) == comparable(reference)
 
 
-def test_unreadable_line_before_the_end_is_an_error(tmp_path):
+# an error record as lp.jobs.summary.error_record writes it: every field a resume and the summary read
+ERROR_RECORD = {"task_id": "t0", "line": 1, "prompt_hash": None, "prompt_tokens": None, "response": None,
+                "completion": None, "token_ids": [], "new_tokens": 0, "forwards": 0, "compression": None,
+                "decode_seconds": 0.0, "finish_reason": "error", "error": "bad", "method": "lookahead"}
+
+
+def test_records_carry_the_fields_a_resume_reads():
+    """RECORD_FIELDS and DECODED_FIELDS (what a kept line must hold) are fields the job's records have,
+    and ERROR_RECORD is an error record as written."""
+    from lp.engine import GenerationResult
+    from lp.jobs.data import Prompt
+    from lp.jobs.results import DECODED_FIELDS, RECORD_FIELDS
+    from lp.jobs.summary import error_record, result_record
+    prompt = Prompt("t0", "abc", line=1)
+    error = error_record(prompt, "bad", None, "lookahead")
+    decoded = result_record(prompt, [1, 2], GenerationResult(token_ids=[3], text="x", finish_reason="eos", forwards=1,
+                                                             emitted_per_round=[1], rows_per_round=[2],
+                                                             max_rows_per_round=[2]))
+    assert set(RECORD_FIELDS) <= set(error) and set(RECORD_FIELDS + DECODED_FIELDS) <= set(decoded)
+    assert set(ERROR_RECORD) == set(error)
+
+
+@pytest.mark.parametrize("line", ["not json", '{"task_id": "t1"}', '["t1"]',
+                                  json.dumps(dict(ERROR_RECORD, task_id="t1", finish_reason="eos"))],
+                         ids=["not-json", "task-id-only", "not-an-object", "decoded-without-its-counts"])
+def test_unreadable_line_before_the_end_is_an_error(tmp_path, line):
+    """A line that is not a record (JSON or not) before the last: the run and --check name it, the
+    file is left as it was. Before, valid JSON without a record's fields crashed the resume (KeyError)."""
     config = write_job(tmp_path, max_new_tokens=4)
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.yaml").write_text(load_config(config).to_yaml())
-    (out / "results.jsonl").write_text('{"task_id": "t0"}\nnot json\n{"task_id": "t1"}\n')
-    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
-    assert result.exit_code == 1
-    assert result.stderr.strip() == f"error: {out / 'results.jsonl'}:2 is not a result record; fix or remove " \
-                                    f"that line, or rerun with --fresh"
+    (out / "results.jsonl").write_text(f"{json.dumps(ERROR_RECORD)}\n{line}\n{json.dumps(ERROR_RECORD)}\n")
+    for check in (["--check"], []):
+        result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *check])
+        assert result.exit_code == 1
+        assert result.stderr.strip() == f"error: {out / 'results.jsonl'}:2 is not a result record; fix or remove " \
+                                        f"that line, or rerun with --fresh"
     assert (out / "results.jsonl").read_text().count("\n") == 3  # left as it was
 
 

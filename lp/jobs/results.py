@@ -314,14 +314,24 @@ class JobDir:
             self._lock = None
 
 
+# the fields a resume and the summary read: of every record (lp.jobs.summary's error_record and
+# result_record), and of a decoded one (result_record)
+RECORD_FIELDS = ("task_id", "token_ids", "completion", "new_tokens", "forwards", "decode_seconds", "finish_reason",
+                 "error")
+DECODED_FIELDS = ("rounds", "host_seconds", "rows_per_round", "collectives", "bytes_moved")
+
+
 def _parse(line: bytes) -> dict[str, Any] | None:
+    """The record on `line`, or None where it is none: not JSON, not an object, or without a field
+    a resume or the summary reads (RECORD_FIELDS, and DECODED_FIELDS for a decoded one)."""
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("task_id"), str):
         return None
-    return record
+    needed = RECORD_FIELDS + (DECODED_FIELDS if record.get("finish_reason") != "error" else ())
+    return record if all(key in record for key in needed) else None
 
 
 def write_atomic(path: Path, text: str) -> None:
