@@ -195,6 +195,22 @@ def test_unreadable_line_before_the_end_is_an_error(tmp_path, line):
     assert (out / "results.jsonl").read_text().count("\n") == 3  # left as it was
 
 
+def test_a_run_that_evaluates_nothing_leaves_no_earlier_evaluation(tmp_path):
+    """eval.jsonl is the finished run's own: a resume with output.evaluate false (a key a resume may
+    change) removes an earlier run's, which graded other records than the new summary counts."""
+    cfg = load_config(write_job(tmp_path))
+    job = JobDir(cfg.output.dir)
+    job.open(cfg)
+    job.finish({"prompts": 3}, [], [{"task_id": "t0", "passed": True, "result": "passed"}])
+    job.close()
+    assert job.eval_path.exists()
+    again = JobDir(cfg.output.dir)
+    again.open(cfg)
+    again.finish({"prompts": 2}, [])
+    again.close()
+    assert not again.eval_path.exists() and again.summary_path.exists()
+
+
 def test_one_run_per_directory(tmp_path):
     cfg = load_config(write_job(tmp_path))
     first = JobDir(cfg.output.dir)

@@ -296,10 +296,14 @@ class JobDir:
 
     def finish(self, summary: dict[str, Any], samples: list[dict[str, Any]],
                evaluation: list[dict[str, Any]] | None = None) -> None:
+        """Write the finished run's samples.jsonl, eval.jsonl (removed when this run evaluated nothing)
+        and summary.json, last: its presence marks a finished run."""
         self._close_results()
         write_atomic(self.samples_path, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples))
         if evaluation is not None:
             write_atomic(self.eval_path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in evaluation))
+        else:       # an earlier run's, of other records: it would contradict this summary
+            self.eval_path.unlink(missing_ok=True)
         write_atomic(self.summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
 
     def _close_results(self) -> None:
