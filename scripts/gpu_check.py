@@ -75,6 +75,8 @@ import click
 import torch
 import yaml
 
+from bench_util import writable_file
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = ROOT / "configs" / "codellama-7b-humaneval.yaml"   # the shipped GPU setting
 
@@ -1040,10 +1042,11 @@ def equal_count(ids: list, reference: list | None) -> str | None:
 
 
 @click.command()
-@click.option("--out", "out_path", default="gpu_check.json", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--out", "out_path", default="gpu_check.json", show_default=True, type=click.Path(dir_okay=False),
+              callback=writable_file)
 @click.option("--small", is_flag=True, help="tiny shapes, few tokens: the smoke run of the tests (CPU or GPU)")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
-@click.option("--budget-s", default=420.0, show_default=True,
+@click.option("--budget-s", default=420.0, show_default=True, type=click.FloatRange(0, min_open=True),
               help="stages that would not fit in this many seconds are skipped; subprocesses are stopped at it")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False),
               help="where models, prompts and job directories go (default: a new temporary directory)")

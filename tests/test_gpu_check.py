@@ -24,6 +24,8 @@ STAGES = ["setup", "compiled/tiny-smol", "eager/tiny-llama", "eager/tiny-smol", 
 
 
 def _module():
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.append(str(ROOT / "scripts"))     # its bench_util, as running the script finds it
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module   # dataclasses look their module up there
@@ -249,6 +251,16 @@ def test_both_plans_give_both_compiled_systems_one_cache_length():
     old = __import__("dataclasses").replace(gcheck.FULL, compiled_tokens=(96, 156))
     assert gcheck.compiled_cache_slots(old, gpu) == {"lookahead compiled": 1024, "greedy loop compiled": 512}
     assert all(kind in gcheck.FULL.floors for kind, *_ in gcheck.FULL.stages)
+
+
+@pytest.mark.parametrize("args,message", [(["--out", "/nonexistent/x.json"], "cannot write a file there"),
+                                          (["--budget-s", "-5"], "is not in the range x>0")])
+def test_bad_arguments_stop_before_the_preflight(args, message):
+    """An --out that cannot be written, or no budget, is refused at once: on a GPU, a run that learnt it
+    at its end had spent the device's minutes for no figures."""
+    from click.testing import CliRunner
+    result = CliRunner().invoke(_module().main, ["--small", "--device", "cpu", *args])
+    assert result.exit_code == 2 and message in result.output and "preflight" not in result.output
 
 
 def test_first_differences_gives_position_and_margin():
