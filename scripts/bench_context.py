@@ -21,6 +21,7 @@ import click
 import torch
 import yaml
 
+from lp.decode.arch import position_limit
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.models import load_model
 
@@ -40,19 +41,27 @@ def context(tokenizer, tokens: int) -> list[int]:
 
 @click.command()
 @click.option("--contexts", default="1024,4096", show_default=True, help="context lengths in tokens")
-@click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--repeats", default=2, show_default=True)
-@click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="torch CPU threads (0: leave as is)")
 def main(contexts: str, max_new_tokens: int, repeats: int, threads: int) -> None:
+    try:
+        lengths = [int(c) for c in contexts.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{contexts!r}: expected comma-separated token counts", param_hint="--contexts")
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model("smollm2-135m", "float32", "cpu", cpu_linear="onednn")
+    room = position_limit(loaded.model.config)
+    if any(n < 1 or (room is not None and n + max_new_tokens > room) for n in lengths):
+        raise click.BadParameter(f"{contexts!r}: each context must be >= 1 token and leave room for --max-new-tokens "
+                                 f"{max_new_tokens} in the model's {room} positions", param_hint="--contexts")
     model, tok = loaded.model, loaded.tokenizer
     section = yaml.safe_load((ROOT / "configs" / "humaneval-smollm2.yaml").read_text())["lookahead"]
     params = LookaheadParams(**{k: v for k, v in section.items() if k in LookaheadParams.__dataclass_fields__})
     gen = GenerationParams(max_new_tokens)
     click.echo(f"{'context':>8} {'generate tok/s':>15} {'lp tok/s':>9} {'ratio':>6} {'S':>5} {'same':>5}")
-    for length in (int(c) for c in contexts.split(",")):
+    for length in lengths:
         ids = context(tok, length)
         plain, ours = [], []
         for _ in range(repeats):

@@ -63,7 +63,7 @@ import yaml
 from bench_util import generate, suffix_decoding_peer, writable_file
 from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
-from lp.jobs.config import DataSection
+from lp.jobs.config import DataSection, check_types
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
@@ -94,7 +94,10 @@ def parse_configs(text: str) -> list[LookaheadParams]:
                                      f"--seeding)", param_hint="--configs")
         w, n, g, *lookup = values
         lc, k, m = lookup or (0, 10, 3)
-        out.append(LookaheadParams(w, n, g, True, lc, k, m, **{key: yaml.safe_load(v) for key, v in named.items()}))
+        keys, problems = check_types("lookahead", LookaheadParams, {key: yaml.safe_load(v) for key, v in named.items()})
+        if problems:
+            raise click.BadParameter(f"{item!r}: {'; '.join(problems)}", param_hint="--configs")
+        out.append(LookaheadParams(w, n, g, True, lc, k, m, **keys))
     return out
 
 
@@ -116,6 +119,13 @@ def allowed_without(tokenizer, chars: str, eos: list[int]) -> list[int]:
     """The token ids whose text holds none of `chars`, and the EOS ids."""
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
     return sorted({i for i in range(size) if not set(tokenizer.decode([i])) & set(chars)} | set(eos))
+
+
+def unique_labels(variants: list[LookaheadParams]) -> list[str]:
+    """Each configuration's label, numbered where two share one (the same settings given twice, or
+    settings a label does not show): the table keeps a row per configuration."""
+    names = [label(v) for v in variants]
+    return [f"{name} #{names[:i].count(name) + 1}" if names.count(name) > 1 else name for i, name in enumerate(names)]
 
 
 def label(p: LookaheadParams) -> str:
@@ -140,7 +150,7 @@ def label(p: LookaheadParams) -> str:
 @click.option("--configs", default="15,5,15;7,5,7", show_default=True,
               help="W,N,G or W,N,G,L,K,M (L lookup candidates, K tokens, M n-gram) separated by ';'")
 @click.option("--seeding", type=click.Choice(["on", "off", "both"]), default="both", show_default=True)
-@click.option("--prompt-lookup", "prompt_lookup", default=0, show_default=True,
+@click.option("--prompt-lookup", "prompt_lookup", default=0, show_default=True, type=click.IntRange(min=0),
               help="also run transformers' prompt lookup with prompt_lookup_num_tokens=K (greedy; 0: off)")
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: exact sampling (and plain sampling as the baseline)")
 @click.option("--top-k", default=0, show_default=True)
@@ -165,7 +175,7 @@ def label(p: LookaheadParams) -> str:
 @click.option("--cpu-linear", "cpu_linear", type=click.Choice(["onednn", "torch"]), default="onednn",
               show_default=True, help="the linear kernels of the model every system shares (lp.models."
                                       "use_onednn_linears); with onednn, plain decoding also runs on a stock copy")
-@click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="torch CPU threads (0: leave as is)")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write the figures as JSON")
 def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens, configs, seeding, prompt_lookup,
@@ -216,9 +226,10 @@ def main(model_name, dtype, device, limit, data, data_path, chat, max_new_tokens
 
     # (label, params, compile mode): every configuration eager, and compiled with --compile; a
     # static-cache greedy loop (no candidates at all) compiled the same way
-    runs = [(label(v), v, "off") for v in variants]
+    labels = unique_labels(variants)
+    runs = [(name, v, "off") for name, v in zip(labels, variants)]
     if compile_mode != "off":
-        runs += [(f"{label(v)} compiled", v, compile_mode) for v in variants]
+        runs += [(f"{name} compiled", v, compile_mode) for name, v in zip(labels, variants)]
         runs.append(("greedy loop compiled", LookaheadParams(0, 3, 0), compile_mode))
     systems = [f"plain {base}"] + ([f"plain {base}, torch linear"] if kernels == "onednn" else []) \
         + ([f"prompt lookup k={prompt_lookup}"] if prompt_lookup else []) + [name for name, _, _ in runs]

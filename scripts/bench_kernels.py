@@ -20,16 +20,18 @@ import torch
 
 from bench_util import writable_file
 from lp.measure.cost_model import forward_curve
-from lp.models import load_model
+from lp.models import ModelLoadError, load_model
 
 
 @click.command()
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
 @click.option("--rows", default="1,2,4,8,12,16,24,32,48,64", show_default=True, help="row counts, comma-separated")
-@click.option("--prefix", default=400, show_default=True, help="cached tokens before the round")
-@click.option("--repeats", default=7, show_default=True, help="timed passes over the row counts (median)")
-@click.option("--threads", default=0, help="torch CPU threads (0: leave as is)")
+@click.option("--prefix", default=400, show_default=True, type=click.IntRange(min=0),
+              help="cached tokens before the round")
+@click.option("--repeats", default=7, show_default=True, type=click.IntRange(min=1),
+              help="timed passes over the row counts (median)")
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="torch CPU threads (0: leave as is)")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, callback=writable_file)
 def main(model_name, dtype, rows, prefix, repeats, threads, json_out):
     if threads:
@@ -40,8 +42,11 @@ def main(model_name, dtype, rows, prefix, repeats, threads, json_out):
         raise click.BadParameter(f"{rows!r}: expected comma-separated row counts", param_hint="--rows")
     if not rows_list or rows_list[0] < 1:
         raise click.BadParameter(f"{rows!r}: row counts must be >= 1", param_hint="--rows")
-    stock = load_model(model_name, dtype, "cpu")
-    fast = load_model(model_name, dtype, "cpu", cpu_linear="onednn")
+    try:
+        stock = load_model(model_name, dtype, "cpu")
+        fast = load_model(model_name, dtype, "cpu", cpu_linear="onednn")
+    except ModelLoadError as e:
+        raise click.BadParameter(str(e), param_hint="--model") from None
     if fast.linear_kernels != "onednn":
         raise click.ClickException("oneDNN's packed linears do not apply with this torch build on this CPU")
     curves = {}

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,3 +22,14 @@ def test_bench_context_prints_a_row_per_context():
         # ratio * (0.005 / plain + 0.005 / ours), the ratio's own rounding 0.005 more (a slow run's rates are small)
         assert plain > 0 and ours > 0 and abs(ratio - ours / plain) <= ratio * (0.005 / plain + 0.005 / ours) + 0.006
         assert float(s) >= 1 and same == "yes"
+
+
+@pytest.mark.parametrize("args,needle", [(["--contexts", "abc"], "expected comma-separated token counts"),
+                                         (["--contexts", "0"], "each context must be >= 1 token"),
+                                         (["--contexts", "9000"], "in the model's 8192 positions"),
+                                         (["--repeats", "0"], "--repeats"), (["--max-new-tokens", "0"], "--max-new-tokens"),
+                                         (["--threads", "-1"], "--threads")])
+def test_bench_context_refuses_bad_arguments(args, needle):
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_context.py"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -99,6 +99,18 @@ def test_bench_core_applies_the_processors_to_every_system(tmp_path):
         banned["systems"][1]["forwards"] != free["systems"][1]["forwards"]
 
 
+def test_configurations_that_share_a_label_keep_a_row_each():
+    """Two configurations whose labels are the same (given twice, or differing in a key the label does
+    not show) were summed into one row; each now has its own."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_core
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    variants = bench_core.parse_configs("0,4,0;0,4,0,row_budget=false;7,3,7")
+    assert bench_core.unique_labels(variants) == ["0,4,0 #1", "0,4,0 #2", "7,3,7"]
+
+
 def test_bench_core_rejects_a_bad_config():
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--configs", "3,4"]
     proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
@@ -128,6 +140,10 @@ def test_bench_core_on_classeval_prompts(tmp_path):
     (["--chat"], "no chat template"),                                         # the tiny model is not an instruct model
     (["--configs", "3,3,3,window=5"], "window given by position already"),
     (["--json-out", "missing-dir/core.json"], "cannot write a file there"),  # before the run, not after it
+    (["--configs", "0,3,0,tree_budget=abc"], "lookahead.tree_budget: 'abc' must be an integer"),
+    (["--configs", "0,3,0,suffix_factor="], "lookahead.suffix_factor: None must be a number"),
+    (["--prompt-lookup", "-1"], "--prompt-lookup"),
+    (["--threads", "-1"], "--threads"),
 ])
 def test_bench_core_data_errors_are_usage_errors(tmp_path, args, needle):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",

@@ -145,3 +145,8 @@ def test_bench_kernels_times_both_kernels(tmp_path):
     bad = subprocess.run(cmd[:2] + ["--rows", "0"], env=dict(os.environ, PYTHONPATH=str(root)),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--rows" in bad.stderr
+    for args, needle in ((["--repeats", "0"], "--repeats"), (["--prefix", "-5"], "--prefix"),
+                         (["--threads", "-1"], "--threads"), (["--model", "nonexistent"], "--model")):
+        bad = subprocess.run(cmd[:2] + args, env=dict(os.environ, PYTHONPATH=str(root)),
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and needle in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
