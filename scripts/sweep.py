@@ -46,6 +46,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -169,20 +170,24 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "lp.run", "--config", str(cfg_path), "--quiet"]
-    # its own session: on a timeout (or Ctrl-C here) the whole group goes, torchrun's workers with it
-    proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop_group(proc)
-        stdout, stderr = proc.communicate()
-        log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
-        return "failed", f"timed out after {timeout_s:.0f} s", False
-    except BaseException:
-        stop_group(proc)
-        raise
+    # its own session, and its output in files, not pipes: on a timeout (or Ctrl-C here) stop_group stops
+    # torchrun and its workers (each in a session of its own), and nothing left alive holds the sweep
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=out_file, stderr=err_file, text=True,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stop_group(proc)
+        except BaseException:
+            stop_group(proc)
+            raise
+        stdout, stderr = (f.seek(0) or f.read() for f in (out_file, err_file))
     log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
+    if timed_out:
+        return "failed", f"timed out after {timeout_s:.0f} s", False
     if proc.returncode == 0 and finished(point_dir):
         return "ok", None, False
     return "failed", last_error_line(stderr) or f"exit status {proc.returncode}", False
@@ -199,17 +204,56 @@ def finished(point_dir: Path) -> bool:
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to the point's process group (lp.run keeps its records and exits), SIGKILL after `grace_s`."""
+    """SIGTERM to the point's process group and to every process under it (torchrun starts each worker in
+    a session of its own, out of the group's reach; lp.run keeps its records and exits), SIGKILL after
+    `grace_s` to whatever is left of them."""
+    groups = {proc.pid} | set(descendants(proc.pid))     # each worker leads its own group
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        groups |= set(descendants(proc.pid))
+        for group in groups:
+            for kill in (os.killpg, os.kill):     # a group's leader, else a process of a group already sent it
+                try:
+                    kill(group, sig)
+                    break
+                except (ProcessLookupError, PermissionError):
+                    continue
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(g) for g in groups):
+            time.sleep(0.1)
+        if not any(_alive(g) for g in groups):
+            break
+    proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under `pid`, read off /proc (Linux; none elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
+            stat = (entry / "stat").read_text()
+        except OSError:
             continue
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])    # after "pid (comm) state": the parent's pid
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether process group `pid` (or process `pid`, a group's leader) still has a process that is not a zombie."""
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+        return state[state.rindex(")") + 2] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def last_error_line(stderr: str) -> str | None:
@@ -415,7 +459,7 @@ def _fmt(value) -> str:
               help="Sweep file (YAML): base + grid.")
 @click.option("--output", "output", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Sweep directory (default: the file's `output`, else runs/sweeps/<file stem>).")
-@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=3600.0, show_default=True,
               help="Seconds one point may run.")
 @click.option("--no-cost-model", is_flag=True, help="Do not measure the forward curve and collective latency.")
 def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model: bool) -> None:
@@ -495,6 +539,8 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
     failed = sum(r["status"] != "ok" for r in rows)
     click.echo(f"wrote {out / 'sweep.csv'} ({len(rows)} points, {failed} failed) and {len(PLOTS)} plots "
                f"in {time.perf_counter() - start:.1f} s")
+    if rows and failed == len(rows):      # as a job whose every prompt failed: nothing was measured
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

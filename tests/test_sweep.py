@@ -29,13 +29,14 @@ def close(value):
     return pytest.approx(value, rel=1e-4, abs=1e-5)
 
 
-def sweep(tmp, grid, *extra, base=BASE):
+def sweep(tmp, grid, *extra, base=BASE, status=0):
+    """Run a sweep; its exit status is `status` (1: every point failed)."""
     spec = tmp / "sweep.yaml"
     spec.write_text(yaml.safe_dump({"base": base, "grid": grid}))
     out = tmp / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec),
                            "--output", str(out), *extra], capture_output=True, text=True, timeout=600, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-3000:]
     with open(out / "sweep.csv", newline="") as f:
         return out, proc.stdout, list(csv.DictReader(f))
 
@@ -125,11 +126,12 @@ def test_lp_size_grid_key_gives_one_latency_throughput_point_per_split(tmp_path)
 
 def test_a_point_that_decodes_nothing_stays_failed_on_a_rerun(tmp_path):
     """lp.run writes the summary of a job whose every prompt is an error record (and exits 1): a rerun
-    does not take that summary for a finished point, and the latency table shows it without figures."""
+    does not take that summary for a finished point, and the latency table shows it without figures.
+    A sweep whose every point failed exits 1, as such a job does."""
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"task_id": "e", "prompt": ""}\n')
     for _ in range(2):
-        out, stdout, rows = sweep(tmp_path, {"world_size": [1]}, "--no-cost-model",
+        out, stdout, rows = sweep(tmp_path, {"world_size": [1]}, "--no-cost-model", status=1,
                                   base={**BASE, "data": {"source": "jsonl", "path": str(empty)}})
         assert [r["status"] for r in rows] == ["failed"], stdout
         assert "no prompt could be decoded" in rows[0]["error"] and "skip" not in stdout
@@ -151,7 +153,7 @@ def test_a_timed_out_point_leaves_no_worker_running(tmp_path):
     many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
     slow = {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
             "data": {"source": "jsonl", "path": str(many), "limit": None}}
-    out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8", base=slow)
+    out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8", base=slow, status=1)
     assert rows[0]["status"] == "failed" and "timed out after 8 s" in rows[0]["error"]
     marker = str(out / "points")
     alive = []
@@ -184,3 +186,38 @@ def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
             for p, lp in ((1, 1), (2, 1), (2, 2))]
     module.plot(rows, {"world_size": [1, 2], "lp_size": [1, 2]}, tmp_path)
     assert {"lp_size=1", "lp_size=2"} <= set(labels)
+
+
+def test_stopping_a_point_reaches_workers_in_sessions_of_their_own(tmp_path):
+    """torchrun starts each worker in a session of its own, out of reach of a kill of torchrun's group:
+    stop_group stops them too, one that ignores SIGTERM with SIGKILL, and returns (before, the sweep
+    waited on such a worker's open pipes until it ended)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import sweep as sweep_script
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    pid_file = tmp_path / "worker.pid"
+    worker = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}], "
+                "start_new_session=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker_pid = int(pid_file.read_text())
+    start = time.perf_counter()
+    sweep_script.stop_group(proc, grace_s=1.0)
+    assert time.perf_counter() - start < 10 and proc.returncode is not None
+    time.sleep(0.5)
+    stat = Path(f"/proc/{worker_pid}/stat")
+    assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", "the worker outlived stop_group"
+
+
+def test_a_timeout_of_no_seconds_is_refused(tmp_path):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": BASE, "grid": {"world_size": [1]}}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
+                           str(tmp_path / "out"), "--timeout", "-5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--timeout" in proc.stderr and not (tmp_path / "out").exists()
