@@ -18,6 +18,19 @@ def test_single_node_refuses_zero_workers():
         "error: launch/single_node.sh: P must be >= 1 (workers), got 0"
 
 
+def test_single_node_says_its_usage():
+    """No arguments, or a P that is not a number, is its own usage line (exit 2), not lp.run's; --help
+    says it before lp.run's options."""
+    script = str(ROOT / "launch" / "single_node.sh")
+    nothing = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 2 and nothing.stderr.startswith("usage: launch/single_node.sh [P] --config")
+    word = subprocess.run(["bash", script, "two", "--config", "job.yaml"], capture_output=True, text=True, timeout=60)
+    assert word.returncode == 2 and "P must be a whole number of workers, got 'two'" in word.stderr
+    helped = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: launch/single_node.sh [P]")
+    assert "--config" in helped.stdout.split("lp.run's options:")[1]
+
+
 def test_single_node_checks_the_job_before_torchrun(tmp_path):
     """A bad config or prompt file is the worker's one error line and its status, without torchrun's
     traceback; a good one reaches torchrun (here its workers only --check too)."""
