@@ -160,20 +160,29 @@ ERROR_RECORD = {"task_id": "t0", "line": 1, "prompt_hash": None, "prompt_tokens"
                 "decode_seconds": 0.0, "finish_reason": "error", "error": "bad", "method": "lookahead"}
 
 
-def test_records_carry_the_fields_a_resume_reads():
-    """RECORD_FIELDS and DECODED_FIELDS (what a kept line must hold) are fields the job's records have,
-    and ERROR_RECORD is an error record as written."""
+def test_a_kept_line_without_a_field_the_summary_reads_is_no_record():
+    """Each field of the job's records (a decoded one with the baseline's figures, an error one): a line
+    without it is either no record to _parse (a resume names it) or one the summary and its report
+    read whole. Before, a record without max_rows_per_round passed and crashed the summary (KeyError)."""
     from lp.engine import GenerationResult
+    from lp.jobs.config import load_config_dict
     from lp.jobs.data import Prompt
-    from lp.jobs.results import DECODED_FIELDS, RECORD_FIELDS
-    from lp.jobs.summary import error_record, result_record
-    prompt = Prompt("t0", "abc", line=1)
-    error = error_record(prompt, "bad", None, "lookahead")
-    decoded = result_record(prompt, [1, 2], GenerationResult(token_ids=[3], text="x", finish_reason="eos", forwards=1,
-                                                             emitted_per_round=[1], rows_per_round=[2],
-                                                             max_rows_per_round=[2]))
-    assert set(RECORD_FIELDS) <= set(error) and set(RECORD_FIELDS + DECODED_FIELDS) <= set(decoded)
-    assert set(ERROR_RECORD) == set(error)
+    from lp.jobs.results import _parse
+    from lp.jobs.summary import RunFacts, error_record, report, result_record, summarize
+    from lp.parallel.dist import Comm
+    cfg = load_config_dict({"data": {"source": "jsonl", "path": "x.jsonl"}, "baseline": {"enabled": True}})
+    result = GenerationResult(token_ids=[3, 4], text="x", finish_reason="eos", forwards=1, emitted_per_round=[2],
+                              rows_per_round=[2], max_rows_per_round=[2])
+    decoded = result_record(Prompt("t0", "abc", line=1), [1, 2], result, baseline=result)
+    error = error_record(Prompt("t1", "abd", line=2), "bad", None, "lookahead")
+    assert set(ERROR_RECORD) == set(error)          # the constant above is an error record as written
+    for record in (decoded, error):
+        for key in record:
+            line = json.dumps({k: v for k, v in record.items() if k != key}).encode()
+            if _parse(line) is None:
+                continue
+            records = [_parse(line), decoded if record is error else error]
+            report(summarize(records, cfg, "m", Comm(), run=RunFacts(1.0, frozenset({"t0", "t1"}))), cfg)
 
 
 @pytest.mark.parametrize("line", ["not json", '{"task_id": "t1"}', '["t1"]',
@@ -193,6 +202,21 @@ def test_unreadable_line_before_the_end_is_an_error(tmp_path, line):
         assert result.stderr.strip() == f"error: {out / 'results.jsonl'}:2 is not a result record; fix or remove " \
                                         f"that line, or rerun with --fresh"
     assert (out / "results.jsonl").read_text().count("\n") == 3  # left as it was
+
+
+def test_a_last_line_that_is_json_but_no_record_is_named_not_cut(tmp_path):
+    """A torn write leaves a last line that is not JSON, and a resume cuts it off; a last line that is
+    JSON without a record's fields is no torn write: it is named, and the file kept as it was."""
+    config = write_job(tmp_path, max_new_tokens=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.yaml").write_text(load_config(config).to_yaml())
+    incomplete = {k: v for k, v in ERROR_RECORD.items() if k != "decode_seconds"} | {"task_id": "t1"}
+    text = f"{json.dumps(ERROR_RECORD)}\n{json.dumps(incomplete)}\n"
+    (out / "results.jsonl").write_text(text)
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet"])
+    assert result.exit_code == 1 and f"{out / 'results.jsonl'}:2 is not a result record" in result.stderr
+    assert (out / "results.jsonl").read_text() == text
 
 
 def test_a_run_that_evaluates_nothing_leaves_no_earlier_evaluation(tmp_path):
@@ -229,10 +253,13 @@ def test_one_run_per_directory(tmp_path):
     ("file", "output.dir {out} is a file, not a directory"),
     ("under-a-file", "output.dir {out} cannot be used: Not a directory"),
     ("dangling-results", "output.dir {out} cannot be used: No such file or directory ({out}/results.jsonl)"),
+    ("looping-results", "output.dir {out} cannot be used: Too many levels of symbolic links ({out}/results.jsonl)"),
+    ("under-a-dangling-link", "output.dir {out} cannot be used: File exists ({link})"),
 ])
 def test_an_unusable_output_dir_is_named(tmp_path, where, message):
-    """An output.dir that is a file, lies under a file or holds a results.jsonl link to nowhere: one
-    line naming output.dir, exit 1, nothing decoded; and the same line from --check."""
+    """An output.dir that is a file, lies under a file or a link to nowhere, or holds a results.jsonl link
+    to nowhere or to itself: one line naming output.dir, exit 1, nothing decoded; and the same line from
+    --check."""
     config = write_job(tmp_path)
     spec = yaml.safe_load(config.read_text())
     out = tmp_path / "out"
@@ -241,15 +268,19 @@ def test_an_unusable_output_dir_is_named(tmp_path, where, message):
     elif where == "under-a-file":
         (tmp_path / "f").write_text("")
         out = tmp_path / "f" / "out"
+    elif where == "under-a-dangling-link":
+        (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+        out = tmp_path / "link" / "out"
     else:
         out.mkdir()
-        (out / "results.jsonl").symlink_to(tmp_path / "missing" / "results.jsonl")
+        target = "results.jsonl" if where == "looping-results" else tmp_path / "missing" / "results.jsonl"
+        (out / "results.jsonl").symlink_to(target)
     spec["output"]["dir"] = str(out)
     config.write_text(yaml.safe_dump(spec))
     for check in (["--check"], []):      # --check says what the run will, and the run says it
         result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *check])
-        assert result.exit_code == 1 and result.stderr.strip() == "error: " + message.format(out=out), \
-            (check, result.output)
+        assert result.exit_code == 1 and result.stderr.strip() == "error: " + message.format(
+            out=out, link=tmp_path / "link"), (check, result.output)
 
 
 def test_append_never_duplicates(tmp_path):

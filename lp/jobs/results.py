@@ -129,8 +129,13 @@ class JobDir:
             raise JobDirError(f"{self.dir} is in use by another run") from None
         if fresh:
             return {}
-        if self.results_path.is_symlink() and not self.results_path.resolve().parent.is_dir():
-            raise self._unusable(FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.results_path)))
+        try:      # a link to nowhere (open's append cannot create it), or a loop (RuntimeError in 3.11)
+            if self.results_path.is_symlink() and not self.results_path.resolve().parent.is_dir():
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.results_path))
+        except RuntimeError:
+            raise self._unusable(OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(self.results_path))) from None
+        except OSError as e:
+            raise self._unusable(e) from None
         try:
             self.records = self._read_records(repair=False)
         except JobDirError:
@@ -167,10 +172,13 @@ class JobDir:
 
     def _check_creatable(self) -> None:
         """JobDirError, as `open` would give it, where the missing directory could not be made: its nearest
-        existing ancestor is a file, or one this process cannot write to (nothing is written to tell)."""
-        parent = self.dir.absolute().parent
-        while not parent.exists():
+        existing ancestor is a file, a link to nowhere, or one this process cannot write to (nothing is
+        written to tell)."""
+        parent = self.dir.parent            # relative as given, as open's message names it
+        while not os.path.lexists(parent):
             parent = parent.parent
+        if parent.is_symlink() and not parent.exists():       # a link to nowhere: mkdir finds it there
+            raise self._unusable(FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(parent)))
         if not parent.is_dir():
             raise self._unusable(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.dir)))
         if not os.access(parent, os.W_OK | os.X_OK):
@@ -237,7 +245,8 @@ class JobDir:
         for number, line in enumerate(complete, start=1):
             record = _parse(line) if line.strip() else {}
             if record is None:
-                if number == len(complete) and not tail:  # e.g. a line cut by a crash but for its newline
+                # a last line that is not JSON: cut by a crash but for its newline; JSON is no torn write
+                if number == len(complete) and not tail and _loads(line) is _NOT_JSON:
                     torn = True
                     break
                 raise JobDirError(f"{path}:{number} is not a result record; fix or remove "
@@ -319,22 +328,33 @@ class JobDir:
 
 
 # the fields a resume and the summary read: of every record (lp.jobs.summary's error_record and
-# result_record), and of a decoded one (result_record)
+# result_record), of a decoded one (result_record), and of one with the in-run baseline's figures
 RECORD_FIELDS = ("task_id", "token_ids", "completion", "new_tokens", "forwards", "decode_seconds", "finish_reason",
                  "error")
-DECODED_FIELDS = ("rounds", "host_seconds", "rows_per_round", "collectives", "bytes_moved")
+DECODED_FIELDS = ("rounds", "host_seconds", "rows_per_round", "max_rows_per_round", "collectives", "bytes_moved")
+BASELINE_FIELDS = ("baseline_new_tokens", "baseline_decode_seconds", "baseline_ids_equal")
+
+
+def _loads(line: bytes) -> Any:
+    """The JSON value on `line`; _NOT_JSON where it holds none (a torn write can leave that)."""
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
     """The record on `line`, or None where it is none: not JSON, not an object, or without a field
-    a resume or the summary reads (RECORD_FIELDS, and DECODED_FIELDS for a decoded one)."""
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    a resume or the summary reads (RECORD_FIELDS; DECODED_FIELDS for a decoded one; BASELINE_FIELDS for
+    one with the baseline's ids)."""
+    record = _loads(line)
     if not isinstance(record, dict) or not isinstance(record.get("task_id"), str):
         return None
-    needed = RECORD_FIELDS + (DECODED_FIELDS if record.get("finish_reason") != "error" else ())
+    needed = (RECORD_FIELDS + (DECODED_FIELDS if record.get("finish_reason") != "error" else ())
+              + (BASELINE_FIELDS if "baseline_token_ids" in record else ()))
     return record if all(key in record for key in needed) else None
 
 
