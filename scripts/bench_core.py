@@ -63,11 +63,13 @@ import yaml
 from bench_util import generate, suffix_decoding_peer, writable_file
 from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
-from lp.jobs.config import DataSection, check_types
+from lp.jobs.config import DataSection
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
 from lp.hf_processing import row_processor_of
+from lp.library import lookahead_params
+from lp.messages import one_line
 from lp.models import ModelLoadError, load_model
 
 KEYS = {f.name for f in dataclasses.fields(LookaheadParams)}
@@ -94,10 +96,11 @@ def parse_configs(text: str) -> list[LookaheadParams]:
                                      f"--seeding)", param_hint="--configs")
         w, n, g, *lookup = values
         lc, k, m = lookup or (0, 10, 3)
-        keys, problems = check_types("lookahead", LookaheadParams, {key: yaml.safe_load(v) for key, v in named.items()})
-        if problems:
-            raise click.BadParameter(f"{item!r}: {'; '.join(problems)}", param_hint="--configs")
-        out.append(LookaheadParams(w, n, g, True, lc, k, m, **keys))
+        try:      # the keys' kinds and ranges checked as lp.generate checks them
+            keys = {key: yaml.safe_load(v) for key, v in named.items()}
+            out.append(lookahead_params(**{**vars(LookaheadParams(w, n, g, True, lc, k, m)), **keys}))
+        except (yaml.YAMLError, ValueError) as e:
+            raise click.BadParameter(f"{item!r}: {one_line(e, named=False)}", param_hint="--configs") from None
     return out
 
 

@@ -1,8 +1,13 @@
 """What the benchmark scripts share: transformers `generate` with its target forwards and their rows
-counted, so S and rows per round compare across systems; the check of an output file's path."""
+counted, so S and rows per round compare across systems; the check of an output file's path; stopping
+a child process with everything under it (torchrun's workers included)."""
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +26,13 @@ def writable_file(ctx, param, value):
     if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK) or \
             (path.exists() and not os.access(path, os.W_OK)):
         raise click.BadParameter(f"{value}: cannot write a file there (its directory must exist and be writable)")
+    return value
+
+
+def seconds(ctx, param, value):
+    """click callback of a duration option: a finite number of seconds > 0 (NaN passes a FloatRange)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value}: must be a finite number of seconds > 0")
     return value
 
 
@@ -115,3 +127,64 @@ def suffix_decoding_peer(requests, budget: int, factor: float, min_prob: float =
         cache.stop_request(k)
         tokens += len(output)
     return Simulated(tokens, forwards, rows, rounds)
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop `proc` (started in a session of its own) and every process under it, and reap it: SIGTERM to
+    its process group alone (torchrun passes it on to its workers, which it starts in sessions of their
+    own, so each worker's handler runs once; lp.run keeps its records and exits), then after `grace_s`
+    SIGKILL to each of them still alive, found by parentage."""
+    pids = {proc.pid, *descendants(proc.pid)}
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    if not _wait_gone(proc, pids, grace_s):
+        pids |= set(descendants(proc.pid))
+        for pid in pids:
+            for kill in (os.killpg, os.kill):     # a worker leads a group of its own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, signal.SIGKILL)
+        _wait_gone(proc, pids, 5.0)
+    proc.wait()
+
+
+def _wait_gone(proc: subprocess.Popen, pids: set[int], seconds: float) -> bool:
+    """Whether every process of `pids` has exited within `seconds` (`proc` reaped as it does)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        proc.poll()
+        if not any(_alive(pid) for pid in pids):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has exited)."""
+    if not Path("/proc").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

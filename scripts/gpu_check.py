@@ -75,7 +75,7 @@ import click
 import torch
 import yaml
 
-from bench_util import writable_file
+from bench_util import descendants, seconds, stop_tree, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = ROOT / "configs" / "codellama-7b-humaneval.yaml"   # the shipped GPU setting
@@ -792,50 +792,8 @@ def run_child(cmd: list[str], log: Path, timeout: float, env: dict | None = None
         try:
             return proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            pids = [proc.pid, *descendants(proc.pid)]
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, sig)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=0.2)
-                if not any(_alive(pid) for pid in pids):
-                    break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
+            stop_tree(proc)
             raise StageTimeout(f"stopped when the budget ran out, after {timeout:.0f} s") from None
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    if not Path("/proc").is_dir():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"   # zombie: exited
-    except (OSError, IndexError):
-        return False
 
 
 def tail(path: Path, lines: int = 15) -> list[str]:
@@ -1046,7 +1004,7 @@ def equal_count(ids: list, reference: list | None) -> str | None:
               callback=writable_file)
 @click.option("--small", is_flag=True, help="tiny shapes, few tokens: the smoke run of the tests (CPU or GPU)")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
-@click.option("--budget-s", default=420.0, show_default=True, type=click.FloatRange(0, min_open=True),
+@click.option("--budget-s", default=420.0, show_default=True, type=float, callback=seconds,
               help="stages that would not fit in this many seconds are skipped; subprocesses are stopped at it")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False),
               help="where models, prompts and job directories go (default: a new temporary directory)")

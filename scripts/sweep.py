@@ -43,7 +43,6 @@ import itertools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lp.jobs.config import ConfigError, environment_problems, load_config_dict  # noqa: E402
+from bench_util import seconds, stop_tree  # noqa: E402
+from lp.jobs.config import ConfigError, environment_problems, load_config_dict, yaml_text  # noqa: E402
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
                   "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
@@ -151,7 +151,7 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
         return "ok", None, True
     cfg_path = out / "points" / f"{name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    cfg_path.write_text(yaml_text(raw), encoding="utf-8")
     try:  # a bad override fails here with lp's own message, without starting workers
         cfg = load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
     except ConfigError as e:
@@ -170,7 +170,7 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "lp.run", "--config", str(cfg_path), "--quiet"]
-    # its own session, and its output in files, not pipes: on a timeout (or Ctrl-C here) stop_group stops
+    # its own session, and its output in files, not pipes: on a timeout (or Ctrl-C here) stop_tree stops
     # torchrun and its workers (each in a session of its own), and nothing left alive holds the sweep
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
         proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=out_file, stderr=err_file, text=True,
@@ -180,9 +180,9 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            stop_group(proc)
+            stop_tree(proc)
         except BaseException:
-            stop_group(proc)
+            stop_tree(proc)
             raise
         stdout, stderr = (f.seek(0) or f.read() for f in (out_file, err_file))
     log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
@@ -201,59 +201,6 @@ def finished(point_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and summary.get("errors", 0) < summary.get("prompts", 0)
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to the point's process group and to every process under it (torchrun starts each worker in
-    a session of its own, out of the group's reach; lp.run keeps its records and exits), SIGKILL after
-    `grace_s` to whatever is left of them."""
-    groups = {proc.pid} | set(descendants(proc.pid))     # each worker leads its own group
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        groups |= set(descendants(proc.pid))
-        for group in groups:
-            for kill in (os.killpg, os.kill):     # a group's leader, else a process of a group already sent it
-                try:
-                    kill(group, sig)
-                    break
-                except (ProcessLookupError, PermissionError):
-                    continue
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(g) for g in groups):
-            time.sleep(0.1)
-        if not any(_alive(g) for g in groups):
-            break
-    proc.wait()
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes under `pid`, read off /proc (Linux; none elsewhere)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2:].split()[1])    # after "pid (comm) state": the parent's pid
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Whether process group `pid` (or process `pid`, a group's leader) still has a process that is not a zombie."""
-    try:
-        os.killpg(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-        return state[state.rindex(")") + 2] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def last_error_line(stderr: str) -> str | None:
@@ -459,7 +406,7 @@ def _fmt(value) -> str:
               help="Sweep file (YAML): base + grid.")
 @click.option("--output", "output", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Sweep directory (default: the file's `output`, else runs/sweeps/<file stem>).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=float, callback=seconds, default=3600.0, show_default=True,
               help="Seconds one point may run.")
 @click.option("--no-cost-model", is_flag=True, help="Do not measure the forward curve and collective latency.")
 def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model: bool) -> None:

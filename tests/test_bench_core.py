@@ -142,6 +142,7 @@ def test_bench_core_on_classeval_prompts(tmp_path):
     (["--json-out", "missing-dir/core.json"], "cannot write a file there"),  # before the run, not after it
     (["--configs", "0,3,0,tree_budget=abc"], "lookahead.tree_budget: 'abc' must be an integer"),
     (["--configs", "0,3,0,suffix_factor="], "lookahead.suffix_factor: None must be a number"),
+    (["--configs", "0,3,0,tree_budget=["], "--configs"),                         # not YAML
     (["--prompt-lookup", "-1"], "--prompt-lookup"),
     (["--threads", "-1"], "--threads"),
 ])

@@ -13,7 +13,7 @@ from pathlib import Path
 import lp.run
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
 from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_BATCH_SIZE, JOB_LOOKAHEAD, ConfigError, JobConfig, differences,
-                       load_config, load_config_dict)
+                       load_config, load_config_dict, yaml_text)
 from lp.engine import LookaheadParams
 from lp.run import main
 
@@ -282,7 +282,8 @@ def test_shipped_configs_are_all_tested():
 def test_text_round_trips_through_the_written_config(tmp_path, stop):
     """config.yaml reads back to the config it was written from, so the same command resumes: PyYAML writes
     U+0085, U+2028 and U+2029 raw and reads them back as line breaks (before, a stop string holding one
-    refused its own resume as a changed config); other non-ASCII text stays as written."""
+    refused its own resume as a changed config, and a sweep's point ran another config than the one it
+    checked); other non-ASCII text stays as written."""
     cfg = load_config(SHIPPED[0], ["generation.stop=" + json.dumps([stop])])
     assert cfg.generation.stop == (stop,)
     again = tmp_path / "again.yaml"
@@ -290,6 +291,8 @@ def test_text_round_trips_through_the_written_config(tmp_path, stop):
     assert load_config(again) == cfg
     if stop.isprintable():
         assert stop in cfg.to_yaml()
+    point = {"base": {"generation": {"stop": [stop]}}}      # a sweep point's raw config, written the same way
+    assert yaml.safe_load(yaml_text(point)) == point
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[Path(p).name for p in SHIPPED])

@@ -254,7 +254,8 @@ def test_both_plans_give_both_compiled_systems_one_cache_length():
 
 
 @pytest.mark.parametrize("args,message", [(["--out", "/nonexistent/x.json"], "cannot write a file there"),
-                                          (["--budget-s", "-5"], "is not in the range x>0")])
+                                          (["--budget-s", "-5"], "must be a finite number of seconds > 0"),
+                                          (["--budget-s", "nan"], "must be a finite number of seconds > 0")])
 def test_bad_arguments_stop_before_the_preflight(args, message):
     """An --out that cannot be written, or no budget, is refused at once: on a GPU, a run that learnt it
     at its end had spent the device's minutes for no figures."""

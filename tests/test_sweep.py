@@ -174,6 +174,7 @@ def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
 
     import matplotlib.axes
 
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))       # its bench_util, as running the script finds it
     spec = importlib.util.spec_from_file_location("sweep_script", ROOT / "scripts" / "sweep.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -188,36 +189,70 @@ def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
     assert {"lp_size=1", "lp_size=2"} <= set(labels)
 
 
-def test_stopping_a_point_reaches_workers_in_sessions_of_their_own(tmp_path):
-    """torchrun starts each worker in a session of its own, out of reach of a kill of torchrun's group:
-    stop_group stops them too, one that ignores SIGTERM with SIGKILL, and returns (before, the sweep
-    waited on such a worker's open pipes until it ended)."""
+def _stop_tree():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import sweep as sweep_script
+        from bench_util import stop_tree
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    pid_file = tmp_path / "worker.pid"
-    worker = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
-    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}], "
-                "start_new_session=True); time.sleep(600)")
+    return stop_tree
+
+
+def _dead(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
+
+
+def _launch(tmp_path, worker: str, session: bool, forward: bool) -> tuple[subprocess.Popen, list[int]]:
+    """A stand-in for torchrun: a launcher in a session of its own starting two workers (in sessions of
+    their own, as torchrun starts them, or in its group), forwarding SIGTERM to them or not; the
+    workers' pids once both run."""
+    pids = tmp_path / "pids"
+    worker = f"import os, signal, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); " + worker
+    launcher = ("import signal, subprocess, sys, time\n"
+                f"ws = [subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session={session}) "
+                "for _ in range(2)]\n"
+                + ("signal.signal(signal.SIGTERM, lambda *a: [w.send_signal(signal.SIGTERM) for w in ws])\n"
+                   if forward else "")
+                + "time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
     deadline = time.monotonic() + 30
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
         time.sleep(0.05)
-    worker_pid = int(pid_file.read_text())
+    return proc, [int(p) for p in pids.read_text().split()]
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["own-session", "launcher-group"])
+def test_stopping_a_point_ends_workers_that_ignore_sigterm(tmp_path, session):
+    """torchrun starts each worker in a session of its own, out of reach of a kill of torchrun's group:
+    stop_tree ends them too, and workers that ignore SIGTERM in the launcher's group, with SIGKILL after
+    the grace, and returns (before, the sweep waited on such a worker's open pipes until it ended)."""
+    proc, workers = _launch(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+                            session, forward=False)
     start = time.perf_counter()
-    sweep_script.stop_group(proc, grace_s=1.0)
+    _stop_tree()(proc, grace_s=1.0)
     assert time.perf_counter() - start < 10 and proc.returncode is not None
     time.sleep(0.5)
-    stat = Path(f"/proc/{worker_pid}/stat")
-    assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", "the worker outlived stop_group"
+    assert all(_dead(pid) for pid in workers), "a worker outlived stop_tree"
 
 
-def test_a_timeout_of_no_seconds_is_refused(tmp_path):
+def test_stopping_a_point_sends_each_worker_one_sigterm(tmp_path):
+    """torchrun passes its SIGTERM on to its workers: stop_tree sends SIGTERM to torchrun's group only, so
+    a worker's handler (lp.run's: keep the records, exit 143) runs once (before, twice: one of the
+    reviewed runs raised it again inside the first one's exit)."""
+    log = tmp_path / "sigterms"
+    worker = (f"signal.signal(signal.SIGTERM, lambda *a: (open({str(log)!r}, 'a').write('TERM\\n'), "
+              "time.sleep(0.5), os._exit(143))); time.sleep(600)")
+    proc, workers = _launch(tmp_path, worker, session=True, forward=True)
+    _stop_tree()(proc, grace_s=5.0)
+    assert log.read_text().split() == ["TERM", "TERM"]       # one for each of the two workers
+    assert all(_dead(pid) for pid in workers)
+
+
+@pytest.mark.parametrize("timeout", ["-5", "0", "nan"])
+def test_a_timeout_of_no_seconds_is_refused(tmp_path, timeout):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(yaml.safe_dump({"base": BASE, "grid": {"world_size": [1]}}))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
-                           str(tmp_path / "out"), "--timeout", "-5"], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "out"), "--timeout", timeout], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--timeout" in proc.stderr and not (tmp_path / "out").exists()

@@ -238,12 +238,15 @@ class JobConfig:
                 for name in SECTIONS}
 
     def to_yaml(self) -> str:
-        """The config as YAML that reads back to it: non-ASCII text as written, but where PyYAML would
-        write a character its reader takes for a line break (U+0085, U+2028, U+2029 in a plain or
-        single-quoted string), all of it escaped."""
-        data = self.to_dict()
-        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-        return text if yaml.safe_load(text) == data else yaml.safe_dump(data, sort_keys=False)
+        return yaml_text(self.to_dict())
+
+
+def yaml_text(data: Any) -> str:
+    """`data` as YAML that reads back to it: non-ASCII text as written, but where PyYAML would write a
+    character its reader takes for a line break (U+0085, U+2028, U+2029 in a plain or single-quoted
+    string), all of it escaped."""
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return text if yaml.safe_load(text) == data else yaml.safe_dump(data, sort_keys=False)
 
 
 def _lists(value: Any) -> Any:
