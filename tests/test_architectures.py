@@ -64,6 +64,26 @@ def test_family_is_identical_to_generate(models, family):
     assert multi >= 2, f"{family}: no round accepted a draft"
 
 
+MOE = [f for f in FAMILIES if "output_router_logits" in family_config(f).to_dict()]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_a_mixture_of_experts_that_asks_for_router_logits_is_generates(family):
+    """A fine-tuned MoE checkpoint often keeps output_router_logits: true; the model then computes its
+    load-balancing loss from the attention mask, which it takes for a 2-D padding mask. lp's round mask
+    is 4-D (or a dict per layer type) and the forward failed; lp now asks for no router logits, which
+    changes no logit: the ids are generate's, through the engine and the drop-in."""
+    import lp
+    model = tiny_random(family, dtype=torch.float64, experts_implementation="eager", output_router_logits=True)
+    assert model.config.output_router_logits
+    reference = generate(model, PROMPTS[0], new=16)
+    assert lookahead_generate(model, PROMPTS[0], CONFIGS["job"], GenerationParams(16)).token_ids == reference
+    x = torch.tensor([PROMPTS[0]])
+    drop_in = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16,
+                             pad_token_id=0, eos_token_id=None, custom_generate=lp.lookahead)
+    assert drop_in[0, len(PROMPTS[0]):].tolist() == reference
+
+
 @pytest.mark.parametrize("family", ["qwen2-swa", "gemma2", "gpt2", "deepseek-v3"])
 def test_processors_on_other_families_are_generates(models, family):
     """A repetition penalty and min_new_tokens (with an EOS it holds back) on a windowed, a soft-capped

@@ -242,8 +242,18 @@ def given_cache_tokens(model_kwargs: dict) -> int:
 
 def forward(model, cache, **kwargs):
     """`model(**kwargs)` with `cache` passed under the name this transformers knows."""
-    kwargs[_cache_kwarg(type(model))] = cache
-    return model(use_cache=True, **kwargs)
+    return model(use_cache=True, **kwargs, **_round_kwargs(model, cache))
+
+
+def _round_kwargs(model, cache) -> dict:
+    """What lp passes every forward besides the round: the cache, under the name this transformers knows,
+    and no router logits (a mixture of experts whose config asks for them computes its load-balancing
+    loss from the attention mask, which it takes for a 2-D padding mask: lp's is 4-D, or a dict; the
+    loss changes no logit)."""
+    kwargs = {_cache_kwarg(type(model)): cache}
+    if getattr(model.config, "output_router_logits", False):
+        kwargs["output_router_logits"] = False
+    return kwargs
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -338,8 +348,7 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
     if isinstance(cache, RoundCache):       # attention reads as many slots as the mask is wide
         cache.span = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]
     call = compiled or model
-    kwargs = {_cache_kwarg(type(model)): cache}
     with _round_sdpa(input_ids.device):
         out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
-                   use_cache=True, **kwargs)
+                   use_cache=True, **_round_kwargs(model, cache))
     return out.logits
