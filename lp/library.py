@@ -59,7 +59,7 @@ from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
-from lp.hf_processing import (STOPS, PerRequest, bias_entries, no_op, read_processors, replayed_forcing,
+from lp.hf_processing import (STOPS, PerRequest, bias_entries, length_and_eos, no_op, read_processors, replayed_forcing,
                               row_processor_of, row_wise, stop_test, token_ids)
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
 from lp.measure.cost_model import budget_kwargs, row_costs
@@ -155,13 +155,18 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         [p for p in logits_processor or [] if not no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
     stops = [c for c in stopping_criteria or [] if not isinstance(c, STOPS)]   # max_length and EOS: lp's own
+    max_length, ends = length_and_eos(stopping_criteria or [], config.max_length, eos)
+    if set(ends) != set(eos) and (processing.get("min_new_tokens") or processing.get("bad_words_ids")):
+        raise ValueError(f"lp.lookahead ends rows at the EOS ids of the stopping criteria ({ends}); with "
+                         f"min_new_tokens or bad_words_ids it holds back or spares the config's ({eos}), as generate "
+                         f"does, only where the two are the same")
     stop_when = stop_test(stops, input_ids.device)
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
                               suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget,
                               row_budget=row_budget, prefix_reuse=prefix_reuse)
-    new = config.max_length - input_ids.shape[1] if config.max_length is not None else config.max_new_tokens
+    new = max_length - input_ids.shape[1] if max_length is not None else config.max_new_tokens
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{input_ids.shape[1]} tokens)")
@@ -188,7 +193,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         row = input_ids[b]
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
-    rows = [r.token_ids for r in _decode(model, prompts, params, generation, eos, None, streamer,
+    rows = [r.token_ids for r in _decode(model, prompts, params, generation, ends, None, streamer,
                                          generation.batch_size, seen, row_processor_of(custom), stop_when)]
     longest = max(len(r) for r in rows)
     tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)

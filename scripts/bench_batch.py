@@ -314,7 +314,8 @@ def fmt(value, spec: str) -> str:
               help="transformers continuous batching: requests per step (default: --batches; 'none': skip it)")
 @click.option("--no-drafts-batches", "plain_batches", default=None,
               help="lp no drafts batch sizes (default: --batches; 'none': skip them)")
-@click.option("--threads", type=click.IntRange(min=0), default=2, show_default=True, help="torch CPU threads (0: leave as is)")
+@click.option("--threads", type=click.IntRange(min=0), default=2, show_default=True,
+              help="torch CPU threads (0: leave as is)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="also write every figure")
 def main(config_path, overrides, limit, batches, generate_batches, cb_batches, plain_batches, threads,

@@ -455,10 +455,10 @@ def job_model(spec: dict):
 def run_job(spec: dict) -> tuple[list[dict], int]:
     """The job's records that are not what they should be ([{task, ...}]: empty, the case holds), and how
     many of its rounds committed several tokens. Every selected line has one record; a prompt's record
-    has generate's ids (sampled: with the task's draws), why they end and the text
-    they decode to, cut before a stop string (the autoregressive method's, and the in-run baseline's, are
-    generate's with its own draws, seeded of the task); a broken line or an empty prompt has an error record. A resumed job keeps
-    every record and writes the missing ones to the same result."""
+    has generate's ids (sampled: with the task's draws), why they end and the text they decode to, cut
+    before a stop string (the autoregressive method's, and the in-run baseline's, are generate's with its
+    own draws, seeded of the task); a broken line or an empty prompt has an error record. A resumed job
+    keeps every record and writes the missing ones to the same result."""
     model = job_model(spec)
     with tempfile.TemporaryDirectory() as tmp:
         config = job_files(spec, Path(tmp))

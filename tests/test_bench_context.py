@@ -27,7 +27,8 @@ def test_bench_context_prints_a_row_per_context():
 @pytest.mark.parametrize("args,needle", [(["--contexts", "abc"], "expected comma-separated token counts"),
                                          (["--contexts", "0"], "each context must be >= 1 token"),
                                          (["--contexts", "9000"], "in the model's 8192 positions"),
-                                         (["--repeats", "0"], "--repeats"), (["--max-new-tokens", "0"], "--max-new-tokens"),
+                                         (["--repeats", "0"], "--repeats"),
+                                         (["--max-new-tokens", "0"], "--max-new-tokens"),
                                          (["--threads", "-1"], "--threads")])
 def test_bench_context_refuses_bad_arguments(args, needle):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_context.py"), *args]

@@ -59,7 +59,8 @@ def test_a_program_passes_only_by_running_to_its_end_and_not_as_main():
     unittest.main() exited 0 before check() and passed a wrong answer; its input() failed a right one),
     and an exit before the end fails, sys.exit(0) included."""
     wrong_main = "    return 0.123\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
-    right_reads_stdin = "    return number % 1.0\n\nif __name__ == '__main__':\n    print(truncate_number(float(input())))\n"
+    right_reads_stdin = ("    return number % 1.0\n\nif __name__ == '__main__':\n"
+                         "    print(truncate_number(float(input())))\n")
     right_exits = "    return number % 1.0\n\nimport sys\nsys.exit(0)\n"
     outcomes = evaluate_humaneval([{"task_id": "HumanEval/2", "completion": c}
                                    for c in (wrong_main, right_reads_stdin, right_exits)], timeout_s=20)

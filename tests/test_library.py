@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextStreamer
-from transformers.generation.stopping_criteria import ConfidenceCriteria, MaxTimeCriteria, StopStringCriteria
+from transformers.generation.stopping_criteria import (ConfidenceCriteria, EosTokenCriteria, MaxLengthCriteria,
+                                                      MaxTimeCriteria, StopStringCriteria)
 from transformers.generation.logits_process import (
     EncoderNoRepeatNGramLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -284,6 +285,29 @@ def test_drop_in_tests_other_stopping_criteria_after_each_token(model):
         got = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead,
                     batch_size=batch_size, row_budget=False, **TREE)
         assert torch.equal(got, want), batch_size
+
+
+def test_drop_in_takes_a_callers_max_length_and_eos_criteria_as_generate_does(model):
+    """generate lets a caller's MaxLengthCriteria or EosTokenCriteria take the place of its own: the rows
+    end at that length (shorter or longer than max_new_tokens says) or at those EOS ids (and no longer at
+    the config's). Before, the drop-in dropped them as generate's own. On a left-padded batch, one row
+    and three per forward, the ids are generate's, and each criterion changes them."""
+    ids, mask = left_padded(PROMPTS)
+    free = plain(model, ids, mask, max_new_tokens=30)
+    width = ids.shape[1]
+    token = int(free[0, width + 4])
+    for criterion in (MaxLengthCriteria(max_length=width + 12), MaxLengthCriteria(max_length=width + 40),
+                      EosTokenCriteria(eos_token_id=token), EosTokenCriteria(eos_token_id=[token, 5])):
+        criteria = StoppingCriteriaList([criterion])
+        want = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria)
+        assert not torch.equal(want, free), criterion
+        for batch_size in (1, 3):
+            got = plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead,
+                        batch_size=batch_size, row_budget=False, **TREE)
+            assert torch.equal(got, want), (criterion, batch_size)
+    with pytest.raises(ValueError, match=r"EOS ids of the stopping criteria \(\[%d\]\)" % token):
+        plain(model, ids, mask, max_new_tokens=30, min_new_tokens=4, custom_generate=lp.lookahead, eos_token_id=7,
+              stopping_criteria=StoppingCriteriaList([EosTokenCriteria(eos_token_id=token)]))
 
 
 def test_generate_tests_stopping_criteria_after_each_token(model):
