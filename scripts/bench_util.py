@@ -152,7 +152,7 @@ def _wait_gone(proc: subprocess.Popen, pids: set[int], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while True:
         proc.poll()
-        if not any(_alive(pid) for pid in pids):
+        if not any(alive(pid) for pid in pids):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -174,7 +174,7 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie has exited)."""
     if not Path("/proc").is_dir():
         try:

@@ -343,7 +343,8 @@ def test_time_guard_skips_and_stops(tmp_path):
     assert stopped["status"] == "timeout" and time.perf_counter() - t < 30
     assert json.loads((tmp_path / "r.json").read_text())["stages"]["slow child"]["status"] == "timeout"
     worker = int((tmp_path / "log").read_text().split()[0])
-    assert not gcheck._alive(worker)
+    import bench_util           # on the path since _module()
+    assert not bench_util.alive(worker)
 
 
 def test_watchdog_ends_a_stage_stuck_in_process(tmp_path):
