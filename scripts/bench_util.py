@@ -129,34 +129,55 @@ def suffix_decoding_peer(requests, budget: int, factor: float, min_prob: float =
     return Simulated(tokens, forwards, rows, rounds)
 
 
+def exit_on_term_and_hangup() -> None:
+    """SIGTERM and SIGHUP end this script as Ctrl-C does, by an exception (exit status 128 + the signal),
+    so that the cleanup around a child it runs in a session of its own (stop_tree) stops the child too."""
+    def leave(sig, frame):
+        raise SystemExit(128 + sig)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+
+
 def stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """Stop `proc` (started in a session of its own) and every process under it, and reap it: SIGTERM to
     its process group alone (torchrun passes it on to its workers, which it starts in sessions of their
     own, so each worker's handler runs once; lp.run keeps its records and exits), then after `grace_s`
-    SIGKILL to each of them still alive, found by parentage."""
-    pids = {proc.pid, *descendants(proc.pid)}
+    SIGKILL to its group and to each process found under it while it ran (found by parentage, never
+    again once `proc` is reaped: its pid may be another process's by then)."""
+    pids = set(descendants(proc.pid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     if not _wait_gone(proc, pids, grace_s):
-        pids |= set(descendants(proc.pid))
-        for pid in pids:
-            for kill in (os.killpg, os.kill):     # a worker leads a group of its own
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            pids |= set(descendants(proc.pid)) | {proc.pid}
+        for kill, pid in [(os.killpg, proc.pid)] + [(k, p) for p in pids for k in (os.killpg, os.kill)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):     # a worker leads a group
+                kill(pid, signal.SIGKILL)
         _wait_gone(proc, pids, 5.0)
     proc.wait()
 
 
 def _wait_gone(proc: subprocess.Popen, pids: set[int], seconds: float) -> bool:
-    """Whether every process of `pids` has exited within `seconds` (`proc` reaped as it does)."""
+    """Whether `proc`, the rest of its process group and every process of `pids` have exited within
+    `seconds` (`proc` reaped as it does)."""
     deadline = time.monotonic() + seconds
     while True:
         proc.poll()
-        if not any(alive(pid) for pid in pids):
+        if proc.returncode is not None and not _group_left(proc.pid) and not any(alive(pid) for pid in pids):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
+
+
+def _group_left(pgid: int) -> bool:
+    """Whether process group `pgid` still has a member (its leader reaped: the others; Linux keeps the
+    number from a new process while the group has one)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def descendants(root: int) -> list[int]:

@@ -75,7 +75,7 @@ import click
 import torch
 import yaml
 
-from bench_util import descendants, seconds, stop_tree, writable_file
+from bench_util import descendants, exit_on_term_and_hangup, seconds, stop_tree, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = ROOT / "configs" / "codellama-7b-humaneval.yaml"   # the shipped GPU setting
@@ -794,6 +794,9 @@ def run_child(cmd: list[str], log: Path, timeout: float, env: dict | None = None
         except subprocess.TimeoutExpired:
             stop_tree(proc)
             raise StageTimeout(f"stopped when the budget ran out, after {timeout:.0f} s") from None
+        except BaseException:     # Ctrl-C, SIGTERM, SIGHUP (exit_on_term_and_hangup), the watchdog
+            stop_tree(proc, grace_s=2.0)
+            raise
 
 
 def tail(path: Path, lines: int = 15) -> list[str]:
@@ -1016,6 +1019,7 @@ def equal_count(ids: list, reference: list | None) -> str | None:
 def main(out_path, small, device, budget_s, work_dir, keep, stages, only_models, worker):
     if worker:   # the compiled stage's subprocess (OMP_NUM_THREADS comes from the parent)
         return compiled_worker(worker)
+    exit_on_term_and_hangup()
     cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise click.UsageError("--device cuda: this machine has no CUDA device")

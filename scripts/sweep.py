@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench_util import seconds, stop_tree  # noqa: E402
+from bench_util import exit_on_term_and_hangup, seconds, stop_tree  # noqa: E402
 from lp.jobs.config import ConfigError, environment_problems, load_config_dict, yaml_text  # noqa: E402
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
@@ -411,6 +411,7 @@ def _fmt(value) -> str:
 @click.option("--no-cost-model", is_flag=True, help="Do not measure the forward curve and collective latency.")
 def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model: bool) -> None:
     """Run every grid point of a sweep (skipping finished ones), write sweep.csv and the plots."""
+    exit_on_term_and_hangup()
     try:
         base, grid, file_output = load_sweep(config_path)
     except SweepError as e:

@@ -3,6 +3,7 @@ figures; a rerun does no work; a failing point is recorded and the others still 
 on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused."""
 import csv
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -236,6 +237,25 @@ def test_stopping_a_point_ends_workers_that_ignore_sigterm(tmp_path, session):
     assert all(_dead(pid) for pid in workers), "a worker outlived stop_tree"
 
 
+def test_stopping_a_point_ends_what_is_left_in_its_group(tmp_path):
+    """A process of the launcher's group that is no longer under it (its parent exited: double-forked)
+    and ignores SIGTERM: stop_tree's SIGKILL to the group ends it too."""
+    pid_file = tmp_path / "orphan"
+    orphan = (f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    middle = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {orphan!r}])"   # and exits
+    launcher = (f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {middle!r}]); "
+                "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphan_pid = int(pid_file.read_text())
+    _stop_tree()(proc, grace_s=1.0)
+    time.sleep(0.5)
+    assert _dead(orphan_pid), "a process of the launcher's group outlived stop_tree"
+
+
 def test_stopping_a_point_sends_each_worker_one_sigterm(tmp_path):
     """torchrun passes its SIGTERM on to its workers: stop_tree sends SIGTERM to torchrun's group only, so
     a worker's handler (lp.run's: keep the records, exit 143) runs once (before, twice: one of the
@@ -256,3 +276,35 @@ def test_a_timeout_of_no_seconds_is_refused(tmp_path, timeout):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
                            str(tmp_path / "out"), "--timeout", timeout], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--timeout" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
+    """SIGTERM (or SIGHUP) to the sweep ends it as Ctrl-C does: the running point's torchrun and workers,
+    in sessions of their own, are stopped with it (before, they went on running)."""
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
+    slow = {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
+            "data": {"source": "jsonl", "path": str(many), "limit": None}}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": slow, "grid": {"world_size": [1]}}))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
+                             str(out), "--no-cost-model"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = out / "points" / "P1" / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert results.exists(), "the point never wrote a record"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    time.sleep(1)
+    marker = str(out / "points")
+    alive = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and not _dead(int(entry.name)):
+            alive.append(cmdline)
+    assert not alive, alive
