@@ -344,14 +344,14 @@ def _ignored(length, shape: tuple[int, int]) -> list[int]:
 
 
 
-def length_and_eos(criteria: Sequence, max_length: int | None, eos: list[int]) -> tuple[int | None, list[int]]:
+def length_and_eos(criteria: Sequence, eos: list[int]) -> tuple[int | None, list[int]]:
     """The max_length and the EOS ids that end generate's rows under its stopping criteria: generate makes
-    a MaxLengthCriteria and an EosTokenCriteria of its config and lets a caller's own of either type take
-    its place, so the criteria it hands on are the ones that hold (the config's `max_length` and `eos`
-    where it holds none of a type)."""
-    lengths = [c.max_length for c in criteria if isinstance(c, MaxLengthCriteria)]
-    ends = [token_ids(c.eos_token_id) for c in criteria if isinstance(c, EosTokenCriteria)]
-    return (min(lengths) if lengths else max_length), (sorted(set().union(*ends)) if ends else eos)
+    a MaxLengthCriteria and an EosTokenCriteria of its config and lets a caller's own of either type
+    (exactly: a subclass is a criterion of its own) take its place, so the criteria it hands on are the
+    ones that hold; None where it holds no MaxLengthCriteria, the config's `eos` where no EosTokenCriteria."""
+    lengths = [c.max_length for c in criteria if type(c) is MaxLengthCriteria]
+    ends = [token_ids(c.eos_token_id) for c in criteria if type(c) is EosTokenCriteria]
+    return (min(lengths) if lengths else None), (sorted(set().union(*ends)) if ends else eos)
 
 
 def token_ids(value) -> list[int]:

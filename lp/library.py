@@ -154,19 +154,27 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     processing, ignored, custom = read_processors(
         [p for p in logits_processor or [] if not no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
-    stops = [c for c in stopping_criteria or [] if not isinstance(c, STOPS)]   # max_length and EOS: lp's own
-    max_length, ends = length_and_eos(stopping_criteria or [], config.max_length, eos)
-    if set(ends) != set(eos) and (processing.get("min_new_tokens") or processing.get("bad_words_ids")):
+    stops = [c for c in stopping_criteria or [] if type(c) not in STOPS]   # max_length and EOS: lp's own
+    max_length, ends = length_and_eos(stopping_criteria or [], eos)
+    differ = set(ends) ^ set(eos)
+    if differ and (processing.get("min_new_tokens") or {w[0] for w in processing.get("bad_words_ids", ())
+                                                         if len(w) == 1} & differ):
         raise ValueError(f"lp.lookahead ends rows at the EOS ids of the stopping criteria ({ends}); with "
-                         f"min_new_tokens or bad_words_ids it holds back or spares the config's ({eos}), as generate "
-                         f"does, only where the two are the same")
+                         f"min_new_tokens, or a one-token bad word among those ids, it holds back or spares the "
+                         f"config's ({eos}), as generate does, only where the two are the same")
+    if not ends and stops and input_ids.shape[0] > 1:
+        raise ValueError("lp.lookahead pads a row a stopping criterion ends; generate, with no EOS ids (no "
+                         "eos_token_id), goes on decoding it: give an eos_token_id, or one row per call")
     stop_when = stop_test(stops, input_ids.device)
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
                               suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget,
                               row_budget=row_budget, prefix_reuse=prefix_reuse)
-    new = max_length - input_ids.shape[1] if max_length is not None else config.max_new_tokens
+    if max_length is not None:      # generate tests its criteria after a first token: at least one
+        new = max(1, max_length - input_ids.shape[1])
+    else:
+        new = config.max_length - input_ids.shape[1] if config.max_length is not None else config.max_new_tokens
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{input_ids.shape[1]} tokens)")

@@ -309,6 +309,22 @@ def test_drop_in_takes_a_callers_max_length_and_eos_criteria_as_generate_does(mo
         plain(model, ids, mask, max_new_tokens=30, min_new_tokens=4, custom_generate=lp.lookahead, eos_token_id=7,
               stopping_criteria=StoppingCriteriaList([EosTokenCriteria(eos_token_id=token)]))
 
+    class LateEos(EosTokenCriteria):        # a subclass is a criterion of its own to generate: it stays, and
+        def __call__(self, input_ids, scores, **kwargs):        # its own test is the one that holds
+            return super().__call__(input_ids, scores, **kwargs) & (input_ids.shape[1] > width + 8)
+    extra = [StoppingCriteriaList([LateEos(eos_token_id=token)]),
+             StoppingCriteriaList([MaxLengthCriteria(max_length=width - 3)]),      # at most the prompt: one token
+             dict(bad_words_ids=[[50, 46]], stopping_criteria=StoppingCriteriaList([EosTokenCriteria(token)]))]
+    for more in extra:
+        more = more if isinstance(more, dict) else dict(stopping_criteria=more)
+        want = plain(model, ids, mask, max_new_tokens=30, **more)
+        got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, row_budget=False, **TREE,
+                    **more)
+        assert torch.equal(got, want), more
+    with pytest.raises(ValueError, match="with no EOS ids"):    # generate would go on decoding an ended row
+        plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, eos_token_id=None,
+              stopping_criteria=StoppingCriteriaList([RepeatAtTwo()]))
+
 
 def test_generate_tests_stopping_criteria_after_each_token(model):
     """lp.generate's stopping_criteria end each prompt where generate's end it (one prompt per call there),
