@@ -150,22 +150,31 @@ def test_a_world_size_that_is_not_an_integer_is_refused(tmp_path, values):
 
 def test_a_timed_out_point_leaves_no_worker_running(tmp_path):
     """--timeout stops the point's whole process group (torchrun and its workers), not torchrun alone."""
-    many = tmp_path / "many.jsonl"        # a minute or more of decoding (EOS ends each prompt early): cut at 8 s
-    many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
-    slow = {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
-            "data": {"source": "jsonl", "path": str(many), "limit": None}}
-    out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8", base=slow, status=1)
+    out, stdout, rows = sweep(tmp_path, {"world_size": [2]}, "--no-cost-model", "--timeout", "8",
+                              base=slow_base(tmp_path), status=1)
     assert rows[0]["status"] == "failed" and "timed out after 8 s" in rows[0]["error"]
-    marker = str(out / "points")
+    assert running_under(out / "points") == []
+
+
+def slow_base(tmp_path) -> dict:
+    """A base job of a minute or more of decoding (EOS ends each prompt early), to be cut short."""
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
+    return {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
+            "data": {"source": "jsonl", "path": str(many), "limit": None}}
+
+
+def running_under(directory: Path) -> list[str]:
+    """The command lines of running processes (zombies aside) that name `directory`."""
     alive = []
-    for proc in Path("/proc").iterdir():
+    for entry in Path("/proc").iterdir():
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if proc.name.isdigit() and marker in cmdline:
+        if entry.name.isdigit() and str(directory) in cmdline and not _dead(int(entry.name)):
             alive.append(cmdline)
-    assert alive == []
+    return alive
 
 
 def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
@@ -281,12 +290,8 @@ def test_a_timeout_of_no_seconds_is_refused(tmp_path, timeout):
 def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
     """SIGTERM (or SIGHUP) to the sweep ends it as Ctrl-C does: the running point's torchrun and workers,
     in sessions of their own, are stopped with it (before, they went on running)."""
-    many = tmp_path / "many.jsonl"
-    many.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
-    slow = {**BASE, "generation": {"max_new_tokens": 64, "stop": []}, "baseline": {"enabled": False},
-            "data": {"source": "jsonl", "path": str(many), "limit": None}}
     spec = tmp_path / "sweep.yaml"
-    spec.write_text(yaml.safe_dump({"base": slow, "grid": {"world_size": [1]}}))
+    spec.write_text(yaml.safe_dump({"base": slow_base(tmp_path), "grid": {"world_size": [1]}}))
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(spec), "--output",
                              str(out), "--no-cost-model"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -298,13 +303,4 @@ def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     time.sleep(1)
-    marker = str(out / "points")
-    alive = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and not _dead(int(entry.name)):
-            alive.append(cmdline)
-    assert not alive, alive
+    assert running_under(out / "points") == []
