@@ -156,13 +156,14 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         input_ids.shape, eos)
     stops = [c for c in stopping_criteria or [] if type(c) not in STOPS]   # max_length and EOS: lp's own
     max_length, ends = length_and_eos(stopping_criteria or [], eos)
-    differ = set(ends) ^ set(eos)
-    if differ and (processing.get("min_new_tokens") or {w[0] for w in processing.get("bad_words_ids", ())
-                                                         if len(w) == 1} & differ):
+    if set(ends) != set(eos) and processing.get("min_new_tokens"):
         raise ValueError(f"lp.lookahead ends rows at the EOS ids of the stopping criteria ({ends}); with "
-                         f"min_new_tokens, or a one-token bad word among those ids, it holds back or spares the "
-                         f"config's ({eos}), as generate does, only where the two are the same")
-    if not ends and stops and input_ids.shape[0] > 1:
+                         f"min_new_tokens it holds back the config's ({eos}), as generate does, only where the two "
+                         f"are the same")
+    if spared := sorted({w[0] for w in processing.get("bad_words_ids", ()) if len(w) == 1} & set(ends)):
+        raise ValueError(f"lp.lookahead cannot ban one-token bad words that are also EOS ids ({spared}): it spares "
+                         f"them, as generate spares its config's EOS ids from bad_words_ids")
+    if not ends and stops and input_ids.shape[0] > 1 and not any(hasattr(c, "eos_token_id") for c in stops):
         raise ValueError("lp.lookahead pads a row a stopping criterion ends; generate, with no EOS ids (no "
                          "eos_token_id), goes on decoding it: give an eos_token_id, or one row per call")
     stop_when = stop_test(stops, input_ids.device)

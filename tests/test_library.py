@@ -17,6 +17,7 @@ from transformers.generation.logits_process import (
     ForcedEOSTokenLogitsProcessor,
     EtaLogitsWarper,
     MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
     PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
@@ -321,6 +322,16 @@ def test_drop_in_takes_a_callers_max_length_and_eos_criteria_as_generate_does(mo
         got = plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, row_budget=False, **TREE,
                     **more)
         assert torch.equal(got, want), more
+    with pytest.raises(ValueError, match=r"cannot ban one-token bad words that are also EOS ids \(\[%d\]\)" % token):
+        plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, eos_token_id=token,     # a caller's
+              logits_processor=LogitsProcessorList([NoBadWordsLogitsProcessor([[token]], eos_token_id=None)]))  # ban
+    eos_less = [EosTokenCriteria.__new__(type("Ids", (EosTokenCriteria,), {}))]      # has eos_token_id: generate pads
+    eos_less[0].eos_token_id = torch.tensor([token])
+    want = plain(model, ids, mask, max_new_tokens=30, eos_token_id=None, stopping_criteria=StoppingCriteriaList(
+        eos_less + [RepeatAtTwo()]))
+    got = plain(model, ids, mask, max_new_tokens=30, eos_token_id=None, custom_generate=lp.lookahead,
+                stopping_criteria=StoppingCriteriaList(eos_less + [RepeatAtTwo()]))
+    assert torch.equal(got, want)
     with pytest.raises(ValueError, match="with no EOS ids"):    # generate would go on decoding an ended row
         plain(model, ids, mask, max_new_tokens=30, custom_generate=lp.lookahead, eos_token_id=None,
               stopping_criteria=StoppingCriteriaList([RepeatAtTwo()]))
