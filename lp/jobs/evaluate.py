@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,11 +95,10 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
                                     start_new_session=True, env={"PATH": os.environ.get("PATH", ""), "HOME": tmp,
                                                                  "PYTHONHASHSEED": "0", RUN_MARK: mark})
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                return False, "timed out"
+                if not _exits_within(proc, timeout_s):
+                    return False, "timed out"
             finally:
-                _kill(proc.pid, process=proc.returncode is None)    # its group; itself while not yet reaped
+                _kill(proc.pid)         # its group and itself: not reaped yet, so the numbers are still theirs
                 for pid in _marked(mark):                            # what it left in sessions of its own
                     _kill(pid)
                 proc.wait()
@@ -110,23 +110,35 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
     return False, f"failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
 
 
+def _exits_within(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether `proc` exits within `seconds`; it is not reaped (os.waitid's WNOWAIT), so its number, and
+    its group's, stay its own until proc.wait()."""
+    deadline = time.monotonic() + seconds
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def _marked(mark: str) -> list[int]:
-    """This user's processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere). A
-    process that was started with an environment of its own, without the mark, is not found."""
-    needle, uid = f"{RUN_MARK}={mark}".encode(), os.getuid()
+    """The processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere; another
+    user's cannot be read unless this is root). A process that was started with an environment of its
+    own, without the mark, is not found."""
+    needle = f"{RUN_MARK}={mark}".encode()
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if entry.stat().st_uid == uid and needle in (entry / "environ").read_bytes().split(b"\0"):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except OSError:
             continue
     return found
 
 
-def _kill(pid: int, process: bool = True) -> None:
-    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself (`process`)."""
-    for kill in (os.killpg, os.kill)[:2 if process else 1]:
+def _kill(pid: int) -> None:
+    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself."""
+    for kill in (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
