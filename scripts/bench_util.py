@@ -1,13 +1,11 @@
 """What the benchmark scripts share: transformers `generate` with its target forwards and their rows
-counted, so S and rows per round compare across systems; the check of an output file's path; stopping
-a child process with everything under it (torchrun's workers included)."""
+counted, so S and rows per round compare across systems; the check of an output file's path; signals
+that end a script as Ctrl-C does, so that lp.processes.stop_tree stops what it launched."""
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -141,97 +139,3 @@ def exit_on_term_and_hangup() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, leave)
-
-
-def stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop `proc` (started in a session of its own) and every process under it, then reap it: SIGTERM to
-    its process group alone (torchrun passes it on to its workers, which it starts in sessions of their
-    own, so each worker's handler runs once; lp.run keeps its records and exits), then after `grace_s`
-    SIGKILL to its group and to each process found under it. `proc` is reaped last: until then its
-    number is its own, and so is its group's."""
-    found = _started(descendants(proc.pid))      # {pid: its start time}: a reused number is not it
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    if not _wait_gone(proc, found, grace_s):
-        found |= _started(descendants(proc.pid))
-        for kill, pid in [(os.killpg, proc.pid), (os.kill, proc.pid)] + [
-                (k, p) for p, start in found.items() if _started([p]).get(p) == start for k in (os.killpg, os.kill)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):     # a worker leads a group
-                kill(pid, signal.SIGKILL)
-        _wait_gone(proc, found, 5.0)
-    proc.wait()
-
-
-def _started(pids) -> dict[int, int]:
-    """{pid: start time (clock ticks after boot)} of those of `pids` that run (zombies aside); Linux /proc,
-    elsewhere every one of `pids` with start 0."""
-    if not Path("/proc").is_dir():
-        return {pid: 0 for pid in pids}
-    out = {}
-    for pid in pids:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()    # state, ppid, ...
-            if fields[0] != "Z":
-                out[pid] = int(fields[19])
-    return out
-
-
-def exited(proc: subprocess.Popen) -> bool:
-    """Whether `proc` has exited, without reaping it (its zombie keeps its number from reuse)."""
-    if proc.returncode is not None:
-        return True
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _wait_gone(proc: subprocess.Popen, found: dict[int, int], seconds: float) -> bool:
-    """Whether `proc`, the rest of its process group and every process of `found` ({pid: start time}) have
-    exited within `seconds` (none of them reaped here)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        running = _started(found)
-        if exited(proc) and not _group_members(proc.pid) and not any(running.get(p) == t for p, t in found.items()):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _group_members(pgid: int) -> list[int]:
-    """The running processes (zombies aside) of process group `pgid`, but its leader (Linux /proc; without
-    it: any member at all, zombies included)."""
-    if not Path("/proc").is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return [-1]
-        except (ProcessLookupError, PermissionError):
-            return []
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()     # state, ppid, pgrp, ...
-            if int(fields[2]) == pgid and fields[0] != "Z" and int(stat.parent.name) != pgid:
-                members.append(int(stat.parent.name))
-    return members
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie has exited)."""
-    return pid in _started([pid])

@@ -75,7 +75,8 @@ import click
 import torch
 import yaml
 
-from bench_util import descendants, exit_on_term_and_hangup, seconds, stop_tree, writable_file
+from bench_util import exit_on_term_and_hangup, seconds, writable_file
+from lp.processes import descendants, stop_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = ROOT / "configs" / "codellama-7b-humaneval.yaml"   # the shipped GPU setting

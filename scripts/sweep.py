@@ -56,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench_util import exit_on_term_and_hangup, seconds, stop_tree  # noqa: E402
+from bench_util import exit_on_term_and_hangup, seconds  # noqa: E402
+from lp.processes import stop_tree  # noqa: E402
 from lp.jobs.config import ConfigError, environment_problems, load_config_dict, yaml_text  # noqa: E402
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",

@@ -18,6 +18,8 @@ import pytest
 import torch
 import yaml
 
+from lp.processes import alive
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["setup", "compiled/tiny-smol", "eager/tiny-llama", "eager/tiny-smol", "job/tiny-smol", "exact/tiny-llama",
           "exact/tiny-smol", "profile/tiny-llama", "lp-p2/tiny-smol", "job-batched/tiny-smol", "job-compiled/tiny-smol"]
@@ -343,8 +345,7 @@ def test_time_guard_skips_and_stops(tmp_path):
     assert stopped["status"] == "timeout" and time.perf_counter() - t < 30
     assert json.loads((tmp_path / "r.json").read_text())["stages"]["slow child"]["status"] == "timeout"
     worker = int((tmp_path / "log").read_text().split()[0])
-    import bench_util           # on the path since _module()
-    assert not bench_util.alive(worker)
+    assert not alive(worker)
 
 
 def test_watchdog_ends_a_stage_stuck_in_process(tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lp.processes import stop_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png",
          "latency_vs_throughput.png")
@@ -199,15 +201,6 @@ def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
     assert {"lp_size=1", "lp_size=2"} <= set(labels)
 
 
-def _stop_tree():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from bench_util import stop_tree
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return stop_tree
-
-
 def _dead(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
@@ -240,7 +233,7 @@ def test_stopping_a_point_ends_workers_that_ignore_sigterm(tmp_path, session):
     proc, workers = _launch(tmp_path, "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
                             session, forward=False)
     start = time.perf_counter()
-    _stop_tree()(proc, grace_s=1.0)
+    stop_tree(proc, grace_s=1.0)
     assert time.perf_counter() - start < 10 and proc.returncode is not None
     time.sleep(0.5)
     assert all(_dead(pid) for pid in workers), "a worker outlived stop_tree"
@@ -260,7 +253,7 @@ def test_stopping_a_point_ends_what_is_left_in_its_group(tmp_path):
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     orphan_pid = int(pid_file.read_text())
-    _stop_tree()(proc, grace_s=1.0)
+    stop_tree(proc, grace_s=1.0)
     time.sleep(0.5)
     assert _dead(orphan_pid), "a process of the launcher's group outlived stop_tree"
 
@@ -273,7 +266,7 @@ def test_stopping_a_point_sends_each_worker_one_sigterm(tmp_path):
     worker = (f"signal.signal(signal.SIGTERM, lambda *a: (open({str(log)!r}, 'a').write('TERM\\n'), "
               "time.sleep(0.5), os._exit(143))); time.sleep(600)")
     proc, workers = _launch(tmp_path, worker, session=True, forward=True)
-    _stop_tree()(proc, grace_s=5.0)
+    stop_tree(proc, grace_s=5.0)
     assert log.read_text().split() == ["TERM", "TERM"]       # one for each of the two workers
     assert all(_dead(pid) for pid in workers)
 

@@ -30,15 +30,15 @@ that is acceptable (a container or a sandbox).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
+
+from lp.processes import carrying, exits_within, kill_group_and_self
 
 
 def solution(prompt: str, completion: str, standalone: bool = False) -> str:
@@ -95,12 +95,12 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
                                     start_new_session=True, env={"PATH": os.environ.get("PATH", ""), "HOME": tmp,
                                                                  "PYTHONHASHSEED": "0", RUN_MARK: mark})
             try:
-                if not _exits_within(proc, timeout_s):
+                if not exits_within(proc, timeout_s):
                     return False, "timed out"
             finally:
-                _kill(proc.pid)         # its group and itself: not reaped yet, so the numbers are still theirs
-                for pid in _marked(mark):                            # what it left in sessions of its own
-                    _kill(pid)
+                kill_group_and_self(proc.pid)       # not reaped yet, so the numbers are still theirs
+                for pid in carrying(f"{RUN_MARK}={mark}"):           # what it left in sessions of its own
+                    kill_group_and_self(pid)
                 proc.wait()
         if proc.returncode == 0 and done.exists():
             return True, "passed"
@@ -108,41 +108,6 @@ def run_program(program: str, timeout_s: float) -> tuple[bool, str]:
     if proc.returncode == 0:
         return False, "failed: the program exited before its end"
     return False, f"failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
-
-
-def _exits_within(proc: subprocess.Popen, seconds: float) -> bool:
-    """Whether `proc` exits within `seconds`; it is not reaped (os.waitid's WNOWAIT), so its number, and
-    its group's, stay its own until proc.wait()."""
-    deadline = time.monotonic() + seconds
-    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-def _marked(mark: str) -> list[int]:
-    """The processes whose environment holds RUN_MARK=`mark` (Linux's /proc; none elsewhere; another
-    user's cannot be read unless this is root). A process that was started with an environment of its
-    own, without the mark, is not found."""
-    needle = f"{RUN_MARK}={mark}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL to `pid`'s process group (a session's leader leads one), and to `pid` itself."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def evaluate_humaneval(samples: Iterable[dict[str, Any]], timeout_s: float = 10.0,
