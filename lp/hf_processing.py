@@ -6,7 +6,7 @@ token, those that read the time or the scores refused). lp/library.py's two entr
 `lookahead` on the processors generate prepared, `generate` on the same knobs given by name."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import torch
 from transformers.generation.logits_process import (
@@ -50,7 +50,7 @@ _WARPERS = {TemperatureLogitsWarper: ("temperature", lambda p: float(p.temperatu
 _APPLIED = (SequenceBiasLogitsProcessor, RepetitionPenaltyLogitsProcessor, NoRepeatNGramLogitsProcessor,
             NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, ForcedEOSTokenLogitsProcessor)
-STOPS = (MaxLengthCriteria, EosTokenCriteria)     # generate's criteria lp applies itself (max_new_tokens, EOS)
+_STOPS = (MaxLengthCriteria, EosTokenCriteria)     # generate's criteria lp applies itself (max_new_tokens, EOS)
 # stopping criteria that read more than a row's input ids: the time, or the scores lp does not keep per token
 _NOT_ID_STOPS = frozenset({"MaxTimeCriteria", "ConfidenceCriteria"})
 # generate's processors that read more than a row's own input ids and scores (the batch's other rows, the
@@ -344,14 +344,47 @@ def _ignored(length, shape: tuple[int, int]) -> list[int]:
 
 
 
-def length_and_eos(criteria: Sequence, eos: list[int]) -> tuple[int | None, list[int]]:
-    """The max_length and the EOS ids that end generate's rows under its stopping criteria: generate makes
-    a MaxLengthCriteria and an EosTokenCriteria of its config and lets a caller's own of either type
-    (exactly: a subclass is a criterion of its own) take its place, so the criteria it hands on are the
-    ones that hold; None where it holds no MaxLengthCriteria, the config's `eos` where no EosTokenCriteria."""
+class Ending(NamedTuple):
+    """How generate's stopping criteria end the drop-in's rows."""
+    new_tokens: int                 # the most new tokens of a row
+    eos: list[int]                  # the EOS ids that end a row
+    stop_when: StopTest | None      # the caller's other criteria, row by row
+
+
+def read_criteria(criteria: Sequence, config, processing: dict, shape: tuple[int, int],
+                  device: torch.device) -> Ending:
+    """The Ending of generate's `criteria` for a [rows, prompt length] batch under generation `config` and
+    lp's `processing` knobs (read_processors), or a ValueError where lp would not end rows as generate does.
+
+    generate makes a MaxLengthCriteria and an EosTokenCriteria of its config and lets a caller's own of
+    either type (exactly: a subclass is a criterion of its own) take its place, so the criteria it hands on
+    are the ones that hold: the shortest max_length (else the config's length), the EOS ids of the
+    EosTokenCriteria (else the config's); generate tests its criteria after a first token, so a row gets at
+    least one."""
+    criteria = list(criteria or [])
+    eos = token_ids(config.eos_token_id)
     lengths = [c.max_length for c in criteria if type(c) is MaxLengthCriteria]
     ends = [token_ids(c.eos_token_id) for c in criteria if type(c) is EosTokenCriteria]
-    return (min(lengths) if lengths else None), (sorted(set().union(*ends)) if ends else eos)
+    ends = sorted(set().union(*ends)) if ends else eos
+    stops = [c for c in criteria if type(c) not in _STOPS]
+    if set(ends) != set(eos) and processing.get("min_new_tokens"):
+        raise ValueError(f"lp.lookahead ends rows at the EOS ids of the stopping criteria ({ends}); with "
+                         f"min_new_tokens it holds back the config's ({eos}), as generate does, only where the two "
+                         f"are the same")
+    if spared := sorted({w[0] for w in processing.get("bad_words_ids", ()) if len(w) == 1} & set(ends)):
+        raise ValueError(f"lp.lookahead cannot ban one-token bad words that are also EOS ids ({spared}): it spares "
+                         f"them, as generate spares its config's EOS ids from bad_words_ids")
+    if not ends and stops and shape[0] > 1 and not any(hasattr(c, "eos_token_id") for c in stops):
+        raise ValueError("lp.lookahead pads a row a stopping criterion ends; generate, with no EOS ids (no "
+                         "eos_token_id), goes on decoding it: give an eos_token_id, or one row per call")
+    if lengths:
+        new = max(1, min(lengths) - shape[1])
+    else:
+        new = config.max_length - shape[1] if config.max_length is not None else config.max_new_tokens
+    if new is None or new < 1:
+        raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
+                         f"{shape[1]} tokens)")
+    return Ending(new, ends, stop_test(stops, device))
 
 
 def token_ids(value) -> list[int]:

@@ -59,7 +59,7 @@ from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
-from lp.hf_processing import (STOPS, PerRequest, bias_entries, length_and_eos, no_op, read_processors, replayed_forcing,
+from lp.hf_processing import (PerRequest, bias_entries, no_op, read_criteria, read_processors, replayed_forcing,
                               row_processor_of, row_wise, stop_test, token_ids)
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
 from lp.measure.cost_model import budget_kwargs, row_costs
@@ -154,31 +154,12 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     processing, ignored, custom = read_processors(
         [p for p in logits_processor or [] if not no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
-    stops = [c for c in stopping_criteria or [] if type(c) not in STOPS]   # max_length and EOS: lp's own
-    max_length, ends = length_and_eos(stopping_criteria or [], eos)
-    if set(ends) != set(eos) and processing.get("min_new_tokens"):
-        raise ValueError(f"lp.lookahead ends rows at the EOS ids of the stopping criteria ({ends}); with "
-                         f"min_new_tokens it holds back the config's ({eos}), as generate does, only where the two "
-                         f"are the same")
-    if spared := sorted({w[0] for w in processing.get("bad_words_ids", ()) if len(w) == 1} & set(ends)):
-        raise ValueError(f"lp.lookahead cannot ban one-token bad words that are also EOS ids ({spared}): it spares "
-                         f"them, as generate spares its config's EOS ids from bad_words_ids")
-    if not ends and stops and input_ids.shape[0] > 1 and not any(hasattr(c, "eos_token_id") for c in stops):
-        raise ValueError("lp.lookahead pads a row a stopping criterion ends; generate, with no EOS ids (no "
-                         "eos_token_id), goes on decoding it: give an eos_token_id, or one row per call")
-    stop_when = stop_test(stops, input_ids.device)
+    new, ends, stop_when = read_criteria(stopping_criteria, config, processing, input_ids.shape, input_ids.device)
     params = lookahead_params(window=window, ngram=ngram, guesses=guesses, pool_seeding=pool_seeding,
                               lookup_candidates=lookup_candidates, lookup_tokens=lookup_tokens,
                               lookup_ngram=lookup_ngram, suffix_factor=suffix_factor, suffix_tokens=suffix_tokens,
                               suffix_min_score=suffix_min_score, job_cache=job_cache, tree_budget=tree_budget,
                               row_budget=row_budget, prefix_reuse=prefix_reuse)
-    if max_length is not None:      # generate tests its criteria after a first token: at least one
-        new = max(1, max_length - input_ids.shape[1])
-    else:
-        new = config.max_length - input_ids.shape[1] if config.max_length is not None else config.max_new_tokens
-    if new is None or new < 1:
-        raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
-                         f"{input_ids.shape[1]} tokens)")
     if "forced_eos_token_id" in processing:      # (ids, the max_length it forces them at)
         processing["forced_eos_token_id"], length = processing["forced_eos_token_id"]
         if length != input_ids.shape[1] + new:

@@ -66,7 +66,6 @@ def test_a_program_passes_only_by_running_to_its_end_and_not_as_main():
                                    for c in (wrong_main, right_reads_stdin, right_exits)], timeout_s=20)
     assert [o["result"] for o in outcomes] == ["failed: AssertionError", "passed",
                                                "failed: the program exited before its end"]
-    task = MINI["ClassEvalMini_1"]
     empty_main = "class Greeter:\n    pass\n\nif __name__ == '__main__':\n    import unittest\n    unittest.main()\n"
     (outcome,) = evaluate_classeval([{"task_id": "ClassEvalMini_1", "completion": empty_main}], MINI, True, 30)
     assert outcome["passed"] is False

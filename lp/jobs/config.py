@@ -466,7 +466,7 @@ def _float_sized(number: int | float) -> bool:
     return True
 
 
-_UNICODE = " of Unicode text (no lone surrogate escape)"     # what a string that is one must be
+_UNICODE = " of Unicode text (no lone surrogate escape)"     # said only of a value that is a string already
 
 
 def _text(value: Any) -> bool:
@@ -491,12 +491,12 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _float_sized(value)
         return ok, float(value) if ok else value, "a number"
     if tp is str:
-        return _text(value), value, "a string" + _UNICODE * isinstance(value, str)
+        return _text(value), value, "a string" + (_UNICODE if isinstance(value, str) else "")
     if origin in (tuple, list) and args and args[0] is str:
         ok = isinstance(value, list) and all(_text(v) for v in value)
-        texts = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return ok, (tuple(value) if origin is tuple else list(value)) if ok else value, \
-            "a list of strings" + _UNICODE * texts
+            "a list of strings" + (_UNICODE if strings else "")
     if origin is tuple and args and args[0] is int:       # token ids
         ok = isinstance(value, (list, tuple)) and all(_check_type(t, int)[0] for t in value)
         return ok, tuple(value) if ok else value, "a list of token ids"
