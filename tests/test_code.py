@@ -71,6 +71,19 @@ def test_import_lines_are_top_level_imports():
     assert import_lines("def g():\n    import os\nimportant = 1\n") == []
 
 
+def test_prose_is_no_import():
+    """A chat prompt in prose: a line that starts with 'from ' or 'import ' is no import statement, and
+    nothing is put in front of the answer; an import line of a prompt that does not parse still counts,
+    and so does an import inside a docstring of a prompt that does (nowhere: it is no statement)."""
+    prose = "from now on, answer in one word.\nimport this list into a table?\nWhat colour is the sky?"
+    assert import_lines(prose) == []
+    assert chat_completion("Blue.", prose) == "Blue."
+    assert import_lines("import os\nfrom now on, be brief.\nfrom a.b import (c,\n") == ["import os"]
+    assert import_lines('def f():\n    """\nimport os\n    """\nimport re; import json\n') == [
+        "import re; import json"]
+    assert import_lines("from typing import (List,\n    Dict)\nx = 1\n") == ["from typing import (List,\n    Dict)"]
+
+
 def test_missing_imports_are_added():
     code = "def f(xs: List[float]) -> float:\n    return math.fsum(xs)"
     done = with_imports(code, PROMPT)

@@ -47,8 +47,25 @@ def extract_code(response: str) -> str:
 
 
 def import_lines(code: str) -> list[str]:
-    """The top-level import statements of `code` (one line each), in order."""
-    return [line.rstrip() for line in code.splitlines() if _IMPORT.match(line)]
+    """The top-level import statements of `code` (the lines of each), in order: those of its syntax tree
+    when it parses, else each column-0 line that is an import statement on its own (prose such as
+    "from now on, be brief." is none)."""
+    lines = code.splitlines()
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return [line.rstrip() for line in lines if _IMPORT.match(line) and _an_import(line)]
+    found = ["\n".join(lines[node.lineno - 1:node.end_lineno]).rstrip() for node in tree.body
+             if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return list(dict.fromkeys(found))       # two statements on one line: the line once
+
+
+def _an_import(line: str) -> bool:
+    try:
+        body = ast.parse(line).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return len(body) == 1 and isinstance(body[0], (ast.Import, ast.ImportFrom))
 
 
 def with_imports(code: str, prompt: str) -> str:
