@@ -69,7 +69,7 @@ def autoregressive_generate(
     prompt = [int(t) for t in input_ids]
     if not prompt:
         raise ValueError("input_ids is empty: generation needs at least one prompt token")
-    checker = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer)
+    checker = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer, context=prompt)
     eos = list(eos_token_ids)
     own = model.generation_config
     pad = own.pad_token_id if own.pad_token_id is not None else (eos[0] if eos else 0)

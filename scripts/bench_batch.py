@@ -124,9 +124,9 @@ class Bench:
         self.systems: list[dict[str, Any]] = []
         self.reference: list[list[int]] | None = None    # generate 1's ids, per prompt in task order
 
-    def cut(self, ids) -> list[int]:
+    def cut(self, prompt, ids) -> list[int]:
         """The useful tokens of a generated sequence: up to and including the token that ends it, as lp ends it."""
-        checker = StopChecker(self.eos, self.gen.max_new_tokens, self.gen.stop, self.tok)
+        checker = StopChecker(self.eos, self.gen.max_new_tokens, self.gen.stop, self.tok, context=prompt)
         out = []
         for token in ids:
             out.append(int(token))
@@ -202,7 +202,7 @@ class Bench:
                 seconds += wall
                 latency += [wall] * len(batch)
                 request_forwards += (counter.count - before) * len(batch)
-                ids += [self.cut(row) for row in new]
+                ids += [self.cut(prompt, row) for prompt, row in zip(batch, new)]
         return self.record(f"generate {k}", "generate", k, ids, seconds, latency, request_forwards, counter.rows,
                            counter.count, counter.batch)
 
@@ -248,7 +248,7 @@ class Bench:
                                       pad_token_id=self.eos[0])
         attn = self.model.config._attn_implementation
         n = len(prompts)
-        checkers = [StopChecker(self.eos, max_new, self.gen.stop, self.tok) for _ in range(n)]
+        checkers = [StopChecker(self.eos, max_new, self.gen.stop, self.tok, context=p["ids"]) for p in prompts]
         ids: list[list[int] | None] = [None] * n
         latency, seen = [0.0] * n, [0] * n
         try:

@@ -139,3 +139,54 @@ def test_bpe_stop_string_cut_inside_a_long_round(smollm2_f64, uncut, stop, ends,
         plain = autoregressive_generate(loaded.model, ids, GenerationParams(BPE_NEW, stop=(stop,)),
                                         eos_token_ids=loaded.eos_token_ids, tokenizer=tok)
         assert plain.token_ids == cut.token_ids and plain.text == cut.text and plain.finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- a decoder that strips the start of a text
+
+def llama_style_tokenizer():
+    """A small tokenizer of CodeLlama's class (SentencePiece-style pieces, '▁' for a space) built here: its
+    decoder strips one space from the start of a text, as Llama's and CodeLlama's do."""
+    from transformers import CodeLlamaTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3, "▁▁": 4, "▁▁▁": 5, "▁▁▁▁": 6, "r": 7, "e": 8, "t": 9,
+             "u": 10, "n": 11, "▁return": 12, "▁x": 13, "<0x0A>": 14, "x": 15, "re": 16, "ret": 17, "retu": 18,
+             "retur": 19, "return": 20, "▁r": 21}
+    merges = [("▁", "▁"), ("▁▁", "▁"), ("▁▁", "▁▁"), ("r", "e"), ("re", "t"), ("ret", "u"), ("retu", "r"),
+              ("retur", "n"), ("▁", "r"), ("▁", "return"), ("▁", "x")]
+    return CodeLlamaTokenizer(vocab=vocab, merges=merges)
+
+
+def after_prompt(tokenizer, prompt, new):
+    """The text `new` adds after `prompt`: the whole decoded, less the prompt decoded."""
+    whole = tokenizer.decode(list(prompt) + list(new), skip_special_tokens=True)
+    return whole[len(tokenizer.decode(list(prompt), skip_special_tokens=True)):]
+
+
+def test_text_keeps_the_first_space_a_stripping_decoder_drops():
+    """A completion's first indent: '▁▁▁▁' 'return' '▁x' after a prompt ending in a newline is the line
+    '    return x'; decoded alone it lost a space ('   return x', an IndentationError after a HumanEval
+    prompt), and a stop string on the indent did not match."""
+    tok = llama_style_tokenizer()
+    prompt, new = tok.encode('def f(x):\n    """doc"""\n'), [6, 20, 13]
+    assert tok.decode(new, skip_special_tokens=True) == "   return x"        # the decoder strips a space
+    checker = StopChecker([2], 16, tokenizer=tok, context=prompt)
+    feed(checker, new)
+    assert checker.text == after_prompt(tok, prompt, new) == "    return x"
+    stopped = StopChecker([2], 16, ["    return"], tok, context=prompt)
+    assert feed(stopped, new) == 1 and stopped.text == ""
+
+
+def test_lp_generate_text_is_the_text_after_the_prompt(tiny_model64):
+    """lp.generate's text and a job's response: the first new token an indent, under the stripping decoder."""
+    import lp
+
+    tok = llama_style_tokenizer()
+    prompt = tok.encode("def f(x):\n")
+
+    def allowed(batch_id, ids):
+        return [6] if len(ids) == len(prompt) else list(range(3, 22))
+
+    (result,) = lp.generate(tiny_model64, prompt, tokenizer=tok, max_new_tokens=6, eos_token_id=2,
+                            prefix_allowed_tokens_fn=allowed)
+    assert result.token_ids[0] == 6 and result.text.startswith("    ")
+    assert result.text == after_prompt(tok, prompt, result.token_ids)

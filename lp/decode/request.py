@@ -101,7 +101,8 @@ class RequestState:
         seen_prompt = seen_prompt or SeenPrompt(self.prompt)
         self.seen_prompt = [int(t) for t in seen_prompt.ids]
         criterion = (lambda output: stop_when(key, self.seen_prompt + output)) if stop_when is not None else None
-        self.stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer, criterion)
+        self.stopper = StopChecker(eos_token_ids, generation.max_new_tokens, generation.stop, tokenizer, criterion,
+                                   context=self.prompt)
         self.draws = Draws(generation.seed, request)
         self.tokens = list(self.prompt)      # committed: prompt + output
         self.ordinary = list(self.prompt)    # committed but not yet in the cache

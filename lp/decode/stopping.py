@@ -6,6 +6,24 @@ from typing import Any, Callable, Sequence
 # a caller's stopping test: (request key, its input as generate's criteria see it: seen prompt + output) -> stop
 StopTest = Callable[[Any, list[int]], bool]
 
+CONTEXT_TOKENS = 8      # the prompt's last tokens decoded before the output (continuation_text)
+
+
+def continuation_text(tokenizer, context: Sequence[int], tokens: Sequence[int]) -> str:
+    """The text `tokens` add after a prompt ending in `context`: decode(context + tokens) less decode(context)
+    (special tokens left out), as `decode(prompt + output)[len(decode(prompt)):]` gives it. Decoded alone,
+    the output's first space is lost by tokenizers whose decoder strips the start of a text (Llama's and
+    CodeLlama's SentencePiece ones: a completion's first indent would be one space short); where the
+    context's text is not a prefix of the whole (a tokenizer that tidies spaces across the seam), the
+    output is decoded alone."""
+    context = list(context[-CONTEXT_TOKENS:])
+    if context:
+        before = tokenizer.decode(context, skip_special_tokens=True)
+        whole = tokenizer.decode(context + list(tokens), skip_special_tokens=True)
+        if whole.startswith(before):
+            return whole[len(before):]
+    return tokenizer.decode(list(tokens), skip_special_tokens=True)
+
 
 class StopChecker:
     """Feed generated tokens one at a time; `push` returns the finish reason
@@ -13,15 +31,16 @@ class StopChecker:
 
     EOS: the output ends at (and includes) the EOS token, like `generate`.
     Length: exactly `max_new_tokens` tokens, never one more.
-    Stop strings: matched on the decoded text of all generated tokens, so a
-    stop string may span token boundaries; the ids keep the token that
+    Stop strings: matched on the decoded text of all generated tokens (continuation_text after `context`,
+    the prompt's ids), so a stop string may span token boundaries; the ids keep the token that
     completed the match and `text` is cut right before the stop string.
     A caller's `criterion` (the generate drop-in's stopping criteria) sees the output after each token
     and ends it at that token ("stop") when it returns True.
     """
 
     def __init__(self, eos_token_ids: Sequence[int], max_new_tokens: int,
-                 stop: Sequence[str] = (), tokenizer=None, criterion: Callable[[list[int]], bool] | None = None):
+                 stop: Sequence[str] = (), tokenizer=None, criterion: Callable[[list[int]], bool] | None = None,
+                 context: Sequence[int] = ()):
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode the output")
         if any(not s for s in stop):
@@ -31,6 +50,7 @@ class StopChecker:
         self.stop = tuple(stop)
         self.tokenizer = tokenizer
         self.criterion = criterion
+        self.context = [int(t) for t in context[-CONTEXT_TOKENS:]]
         self.tokens: list[int] = []
         self.reason: str | None = None
         self._cut: int | None = None
@@ -50,7 +70,7 @@ class StopChecker:
         return self.reason
 
     def _decode(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        return continuation_text(self.tokenizer, self.context, self.tokens)
 
     def _find_stop(self) -> int | None:
         text = self._decode()
