@@ -342,9 +342,14 @@ class Rounds:
         gathered = comm.all_gather(payload.flatten()).tolist()   # the round's one read
         forward_seconds = time.perf_counter() - forward_start - processing
 
-        size = len(gathered[0]) // n
+        size, vocab = len(gathered[0]) // n, frame.shape[-1]
         for i, (state, plan) in enumerate(zip(states, plans)):
             decision = decide([row[i * size:(i + 1) * size] for row in gathered], width)
+            if self.warp is not None and max(decision.emitted) >= vocab:      # `draw` found no total
+                raise RuntimeError(f"sampling: request {state.key!r} has no distribution to draw new token "
+                                   f"{state.generated + decision.emitted.index(max(decision.emitted))} from (its "
+                                   f"processed scores hold NaN or inf, or every token is banned); generate stops "
+                                   f"here too: probability tensor contains either inf, nan or element < 0")
             if self.offered is not None:        # the budget learns which of the offered nodes were accepted
                 self.acceptance.observe(self.offered[i], plan.tree.depths,
                                         set(plan.tree.path(decision.node)) if decision.hits else set())

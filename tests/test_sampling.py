@@ -408,3 +408,29 @@ def test_the_device_walk_is_the_host_walk():
             compared[min(want.hits, 2)] += 1
             deep = max(deep, want.hits)
     assert min(compared.values()) > 50 and deep >= 3, (compared, deep)      # rejections and deep accepts alike
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host walk", "device walk"])
+@pytest.mark.parametrize("case", ["every token banned", "float16 overflow"])
+@pytest.mark.parametrize("new", [1, 6])
+def test_no_distribution_to_draw_from_is_an_error_as_in_generate(case, on_device, new):
+    """Scores all -inf after the processors, or +inf logits (a float16 model that overflows): generate's
+    multinomial raises; lp drew the id V (past the vocabulary), returned it, or fed it to the model's
+    embedding (an IndexError deep in the forward)."""
+    loaded = tiny_random_llama(vocab=64, seed=0)
+    model, banned = loaded.model, ()
+    if case == "every token banned":
+        banned = tuple(range(64))
+    else:
+        model = model.half()
+        with torch.no_grad():
+            model.lm_head.weight.mul_(1e5)
+    prompt = [1, 5, 9, 13, 7, 22, 5, 9]
+    ids = torch.tensor([prompt])
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new,
+                       pad_token_id=0, suppress_tokens=list(banned) or None)
+    with pytest.raises(RuntimeError, match="no distribution to draw new token 0 from"):
+        lookahead_generate(model, prompt, LookaheadParams(), GenerationParams(new, temperature=1.0,
+                                                                              suppress_tokens=banned),
+                           sampling_on_device=on_device)

@@ -114,8 +114,9 @@ class Draws:
 def draw(cdf: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws on (unnormalised) cdfs [..., V]: `rest` [..., 1] is each row's 1 - u, in
     (0, 1]; the token is the first whose cdf reaches rest x the total, a point in (0, total] (the
-    product never rounds above the total), so it always has positive probability, at either end.
-    Returns [..., 1]."""
+    product never rounds above the total), so it always has positive probability, at either end. A
+    row whose total is NaN (its scores held NaN or +inf, or were all -inf) draws V, no token: the
+    engine refuses it. Returns [..., 1]."""
     return torch.searchsorted(cdf, rest * cdf[..., -1:])
 
 
