@@ -226,18 +226,22 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     batch = _prompt_list(prompts, tokenizer)
     if streamer is not None and len(batch) != 1:
         raise ValueError(f"a streamer takes one prompt at a time (as generate's); got {len(batch)} prompts")
-    if stop_strings and tokenizer is None:
-        raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
     if stop_strings is None:
         stop_strings = ()
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
+    elif not (isinstance(stop_strings, (list, tuple)) and all(isinstance(s, str) for s in stop_strings)):
+        raise ValueError(f"generate.stop_strings must be a string or a list of strings; got "
+                         f"{short_repr(stop_strings, 60)}")
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
                  suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
-                 sequence_bias=bias_entries(sequence_bias or ()), forced_eos_token_id=token_ids(forced_eos_token_id),
+                 sequence_bias=bias_entries(sequence_bias or ()),
+                 forced_eos_token_id=_id_list("forced_eos_token_id", forced_eos_token_id),
                  batch_size=batch_size)
     defaults = inspect.signature(generate).parameters
     # None is off, as generate reads an explicit None: each knob's default, which is off but for top_k's
@@ -256,7 +260,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
             warnings.warn(f"lp.generate decodes greedily (do_sample=False): {', '.join(unused)} only apply when "
                           f"sampling; set do_sample=True or leave them out", UserWarning, stacklevel=2)
     check(generation)
-    eos = token_ids(eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id)
+    eos = _id_list("eos_token_id", eos_token_id) if eos_token_id is not None else \
+        token_ids(model.generation_config.eos_token_id)
     custom = [row_wise(p) for p in logits_processor or ()]
     device = next(model.parameters()).device
     if prefix_allowed_tokens_fn is not None:
@@ -376,6 +381,21 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
         raise ValueError("lp.lookahead numbers each prompt's tokens from 0 (after left padding): it cannot take "
                          "other position_ids")
 
+
+
+def _id_list(name: str, value) -> list[int]:
+    """A token-id option of lp.generate as a list: None (none), an id, a list or tuple of ids, a 1-D integer
+    tensor (generate's forms); anything else (a string, a bool, a float) is refused, naming the option."""
+    if isinstance(value, torch.Tensor) and value.dim() <= 1 and not value.is_floating_point() and \
+            value.dtype != torch.bool:
+        value = value.tolist()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if value is None:
+        return []
+    if not (isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)):
+        raise ValueError(f"generate.{name} must be a token id or a list of token ids; got {short_repr(value, 60)}")
+    return list(value)
 
 
 def _prompt_list(prompts, tokenizer) -> list[list[int]]:

@@ -517,6 +517,23 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
             lp.generate(model, PROMPTS[0], max_new_tokens=4, **{key: value})
 
 
+@pytest.mark.parametrize("key,value", [("eos_token_id", "12"), ("eos_token_id", True), ("eos_token_id", [2.9]),
+                                       ("eos_token_id", 2.0), ("forced_eos_token_id", 2.0),
+                                       ("forced_eos_token_id", "3"), ("stop_strings", 5), ("stop_strings", ["a", 1])])
+def test_generate_refuses_ids_and_stop_strings_of_another_kind(model, key, value):
+    """A string of digits was read as its characters' ids (eos_token_id="12": EOS ids 1 and 2), a bool or a
+    float as an int, and a float or an int stop string failed in Python's iteration, naming nothing."""
+    with pytest.raises(ValueError, match=rf"generate.{key} must be a "):
+        lp.generate(model, PROMPTS[0], tokenizer=TinyTokenizer(98), max_new_tokens=4, **{key: value})
+
+
+def test_generate_takes_generates_forms_of_token_ids(model):
+    """An id, a list, a tuple or a 1-D tensor of ids: the same EOS ids."""
+    out = [lp.generate(model, PROMPTS[0], max_new_tokens=12, eos_token_id=e)[0].token_ids
+           for e in (7, [7], (7,), torch.tensor([7]), torch.tensor(7))]
+    assert all(o == out[0] for o in out)
+
+
 def test_generate_applies_generates_processors(model):
     """lp.generate's processor knobs are generate's: the same ids in float64, and they change them."""
     knobs = dict(suppress_tokens=[14, 30], no_repeat_ngram_size=2, bad_words_ids=[[9, 12]], repetition_penalty=1.2,
