@@ -4,6 +4,7 @@ resumes to one record per task with the uninterrupted run's tokens, LP groups (P
 batches with the same tokens, the summary carries requests and rows per forward, and bad settings fail
 as config errors."""
 import json
+import re
 import signal
 
 import pytest
@@ -156,3 +157,21 @@ def test_recorded_costs_are_read_only_for_the_settings_they_were_measured_for(tm
     job_dir.curve_path.write_text("[1, 2]")
     with pytest.raises(JobDirError, match="cannot be read .*delete it to measure the costs again"):
         job_dir.read_costs(measured_for)
+
+
+@pytest.mark.parametrize("lp_size", [None, 1], ids=["lp2", "dp2"])
+def test_the_others_wait_for_rank_0s_measurement_past_the_collectives_timeout(tmp_path, lp_size):
+    """Global rank 0 measures the row budget's costs at startup while the other ranks wait: that wait is
+    not bounded by distributed.timeout_s (a short one, to find a dead worker fast, stopped the job at
+    startup with gloo's 'Timed out waiting ... for recv'); decoding's collectives still are."""
+    timeout_s = 1.0
+    config = write_job(tmp_path, prompt_lines(TEXTS[:4]),
+                       model={"name": "tiny-random-llama?vocab=64&seed=0&layers=8&hidden=512&intermediate=1024"},
+                       generation={"max_new_tokens": 8, "batch_size": 16},
+                       distributed={"backend": "gloo", "timeout_s": timeout_s, "lp_size": lp_size})
+    codes, outs = launch(config, world=2, quiet=False)
+    assert codes == [0, 0], outs
+    measured = float(re.search(r"row budget: .* measured in ([0-9.]+) s", outs[0][1]).group(1))
+    assert measured > 1.5 * timeout_s, "the measurement must outlast the timeout for the test to mean anything"
+    got = [json.loads(line) for path in (tmp_path / "out").glob("results*.jsonl") for line in lines_of(path)]
+    assert sorted(r["task_id"] for r in got) == [t for t, _ in TEXTS[:4]]

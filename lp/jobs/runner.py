@@ -48,7 +48,7 @@ from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, prompt_digest, read_classeval, request_id
-from lp.jobs.handout import Handout
+from lp.jobs.handout import Handout, store_prefix
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
@@ -58,7 +58,9 @@ from lp.models import LoadedModel, load_model, locate_model
 from lp.parallel.dist import Comm
 
 logger = logging.getLogger("lp.jobs")
-
+# how long the other ranks wait at startup for global rank 0's row-budget measurement (measure_costs),
+# whatever distributed.timeout_s, which bounds the collectives of decoding
+MEASURE_WAIT_S = 3600.0
 
 
 class JobError(RuntimeError):
@@ -128,6 +130,8 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         if first and budgeted(cfg):
             costs = job.read_costs(costs_for(cfg)) or job.write_costs(measure_costs(cfg, loaded, prompts),
                                                                        costs_for(cfg))
+        if budgeted(cfg):       # the others wait while global rank 0 measures, past distributed.timeout_s
+            comm.after_rank_0(store_prefix() + "measured", MEASURE_WAIT_S)
         if comm.dp_size > 1:
             comm.world_barrier()
         if comm.lead and not first and budgeted(cfg):

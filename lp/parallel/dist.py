@@ -58,7 +58,7 @@ class Comm:
     job_rank: int = 0           # global rank
     job_world: int = 1          # global world size
     job_group: object = None    # gloo group of every rank (go/stop, end of job)
-    store: object = None        # the c10d store (prompt hand-out), under torchrun
+    store: object = None        # the c10d store (startup waits, prompt hand-out), under torchrun
 
     @property
     def alone(self) -> bool:
@@ -125,6 +125,17 @@ class Comm:
         if self.job_group is not None and self.job_world > 1:
             dist.barrier(group=self.job_group)
 
+    def after_rank_0(self, key: str, timeout_s: float) -> None:
+        """Global rank 0 sets `key` on the job's store; every other rank waits until it is set, up to
+        `timeout_s`: a wait for rank 0's own work that distributed.timeout_s, the collectives' bound, must
+        not cut short (no collective: a store read)."""
+        if self.store is None or self.job_world < 2:
+            return
+        if self.job_rank == 0:
+            self.store.set(key, "1")
+        else:
+            self.store.wait([key], datetime.timedelta(seconds=timeout_s))
+
     def _count(self, t: torch.Tensor) -> None:
         self.collectives += 1
         self.bytes_moved += t.numel() * t.element_size()
@@ -163,10 +174,10 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
                             device_id=dev if backend == "nccl" else None)
     job_cpu = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     groups = mesh(world, lp_size)
-    if len(groups) == 1:    # one LP group: the whole world (the default); no hand-out, no store
+    store = dist.distributed_c10d._get_default_store()   # startup waits; the dp groups' hand-out and failure watch
+    if len(groups) == 1:    # one LP group: the whole world (the default); no hand-out
         return Comm(rank, world, dev, backend, dist.group.WORLD, job_cpu, job_rank=rank, job_world=world,
-                    job_group=job_cpu)
-    store = dist.distributed_c10d._get_default_store()   # the dp groups' hand-out and failure watch
+                    job_group=job_cpu, store=store)
     main = cpu = None
     for ranks in groups:    # every rank takes part in creating every group
         g = dist.new_group(ranks, backend=backend, timeout=timeout)
