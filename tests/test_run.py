@@ -307,6 +307,17 @@ def test_check_stops_before_the_model_and_writes_nothing(job, tmp_path, monkeypa
     assert {p.name: p.read_bytes() for p in out.iterdir()} == written       # --fresh discarded nothing either
 
 
+def test_check_counts_the_bad_lines_it_will_record_as_errors(job, tmp_path):
+    """Bad lines are among the prompts --check counts (a run records each as an error): it says how many."""
+    config, out = job
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(prompts.read_text() + "{broken\n" + json.dumps({"task_id": "e", "prompt": ""}) + "\n")
+    result = CliRunner().invoke(main, ["--config", str(config), "--check"])
+    assert result.exit_code == 0
+    assert result.stdout == f"ok: {config}: 5 of 5 prompts to decode into {out} (2 of them bad lines, to be " \
+                            f"recorded as errors)\n"
+
+
 @pytest.mark.parametrize("error", [
     RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
                  "to allocate 171798691920 bytes. Error code 12 (Cannot allocate memory)\nframes..."),

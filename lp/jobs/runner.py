@@ -177,8 +177,10 @@ def check_job(cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> st
     prompts = load_prompts(cfg.data)
     records = JobDir(cfg.output.dir).check(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
     locate_model(cfg.model.name)
-    left = sum(p.task_id not in records for p in prompts)
-    return f"{left} of {len(prompts)} prompts to decode into {cfg.output.dir}"
+    left = [p for p in prompts if p.task_id not in records]
+    bad = sum(p.error is not None for p in left)
+    return (f"{len(left)} of {len(prompts)} prompts to decode into {cfg.output.dir}"
+            + (f" ({bad} of them bad lines, to be recorded as errors)" if bad else ""))
 
 
 def _hashes(prompts: Sequence[Prompt]) -> dict[str, str]:
