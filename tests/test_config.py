@@ -395,6 +395,13 @@ def test_differences_ignore_the_keys_that_do_not_change_results():
     chat = load_config_dict({"data": {"instruction": "Fix: {prompt}", "response_prefix": ""}})
     assert [line.split(":", 1)[0] for line in differences(base, chat)] == ["data.instruction", "data.response_prefix"]
     assert "lookahead.window: 0 -> 7" in changed
+    # the raw mode reads neither: with chat_template false in both configs they change no record
+    raw = {"source": "jsonl", "path": "p.jsonl", "chat_template": False}
+    raw_base, raw_other = (load_config_dict({"data": {**raw, **more}}) for more in
+                           ({}, {"instruction": "Fix: {prompt}", "response_prefix": ""}))
+    assert differences(raw_base, raw_other) == []
+    assert "data.response_prefix" in [line.split(":", 1)[0] for line in differences(raw_base, load_config_dict(
+        {"data": {**raw, "chat_template": True, "response_prefix": ""}}))]
 
 
 def test_round_trip_keeps_every_value(tmp_path):

@@ -88,6 +88,8 @@ JOB_LOOKAHEAD = dict(window=0, ngram=4, guesses=0, pool_seeding=True,
 RESULT_NEUTRAL_KEYS = frozenset({"output.dir", "output.evaluate", "output.evaluate_timeout_s",
                                  "distributed.backend", "distributed.timeout_s", "distributed.lp_size",
                                  "data.offset", "data.limit", "data.path"})
+# keys of the chat mode alone: with data.chat_template false in both configs they change no record either
+CHAT_ONLY_KEYS = frozenset({"data.instruction", "data.response_prefix"})
 BACKENDS = ("auto", "gloo", "nccl")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -272,6 +274,8 @@ def differences(recorded: JobConfig, current: JobConfig,
     """`section.key: recorded -> current` for every key (not in `ignore`) whose value differs."""
     ignore = set(ignore)
     a, b = recorded.to_dict(), current.to_dict()
+    if not (a["data"]["chat_template"] or b["data"]["chat_template"]):
+        ignore |= CHAT_ONLY_KEYS
     out = []
     for name in SECTIONS:
         for key in a[name]:
