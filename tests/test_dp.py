@@ -68,8 +68,9 @@ def assert_like_reference(out, reference, dp, rounds=True):
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["dp_size"], summary["lp_size"], summary["world_size"]) == (dp, 4 // dp, 4)
     assert summary["prompts"] == TASKS + 1 and summary["errors"] == 1
-    assert sum(g["prompts"] for g in summary["groups"]) == TASKS + 1
-    assert sum(g["new_tokens"] for g in summary["groups"]) == summary["new_tokens"]
+    assert [g["group"] for g in summary["groups"]] == list(range(dp))       # this run's records, per group
+    assert sum(g["prompts"] for g in summary["groups"]) == summary["job_prompts"]
+    assert sum(g["new_tokens"] for g in summary["groups"]) == summary["job_new_tokens"]
     # a group of two runs its two collectives per round; a group of one exchanges nothing
     assert summary["collectives_per_round"] == (2 if dp < 4 else 0)
     samples = (out / "samples.jsonl").read_text().splitlines()
@@ -205,7 +206,11 @@ def test_job_figures():
                 "finish_reason": "error" if error else "length"}
     records = [rec("a", 0, 10, 1.0), rec("b", 1, 20, 3.0), rec("c", 1, 0, 0.0, error=True), rec("d", 0, 30, 2.0)]
     f = job_figures(records, RunFacts(4.0, frozenset({"b", "c", "d"})), 2, 2)
-    assert f["groups"] == [{"group": 0, "prompts": 2, "new_tokens": 40}, {"group": 1, "prompts": 2, "new_tokens": 20}]
+    # this run's records only ('a' was written by an earlier run), every group of the run listed
+    assert f["groups"] == [{"group": 0, "prompts": 1, "new_tokens": 30}, {"group": 1, "prompts": 2, "new_tokens": 20}]
+    assert job_figures(records, RunFacts(4.0, frozenset({"a"})), 3, 1)["groups"] == [
+        {"group": 0, "prompts": 1, "new_tokens": 10}, {"group": 1, "prompts": 0, "new_tokens": 0},
+        {"group": 2, "prompts": 0, "new_tokens": 0}]
     assert (f["job_prompts"], f["job_errors"]) == (3, 1)
     assert f["job_prompts_per_second"] == 0.75 and f["job_tokens_per_second"] == 12.5
     assert (f["latency_p50_s"], f["latency_max_s"], f["dp_size"], f["lp_size"]) == (2.0, 3.0, 2, 2)

@@ -480,6 +480,20 @@ def test_baseline_in_the_same_run(tmp_path):
     assert "speedup" in result.stdout and "100.0% of 3 prompts" in result.stdout
 
 
+def test_speedup_compares_the_records_that_have_a_baseline(tmp_path):
+    """A --force resume that turns the baseline on: 2 records without its figures, 1 with. speedup is
+    lookahead's tokens/s over the baseline's on that one record (it took the rate of all three)."""
+    config, out = write_job(tmp_path, PROMPTS)
+    assert CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=2"]).exit_code == 0
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--force", "--set", "baseline=true"])
+    assert result.exit_code == 0, result.output
+    (compared,) = [r for r in read_results(out) if "baseline_token_ids" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["baseline_prompts"] == 1 and summary["prompts"] == 3
+    assert summary["speedup"] == pytest.approx((compared["new_tokens"] / compared["decode_seconds"])
+                                               / (compared["baseline_new_tokens"] / compared["baseline_decode_seconds"]))
+
+
 def test_a_jobs_processors_match_generates(tmp_path):
     """generation.repetition_penalty, min_new_tokens, no_repeat_ngram_size and bad_words_ids reach both
     lookahead and the in-run baseline

@@ -102,13 +102,13 @@ def percentile(values: list[float], q: float) -> float | None:
 def job_figures(records: list[dict[str, Any]], run: RunFacts | None, dp_size: int, lp_size: int) -> dict[str, Any]:
     """The job as a service: wall time and throughput of this run (the records it wrote, error records
     among them and counted apart, and the tokens it decoded, over its wall time), per-request latency
-    (decode seconds of every decoded record: p50, p95, max) and per-LP-group prompt and token counts
-    (each record's `group`; records without one are group 0)."""
+    (decode seconds of every decoded record: p50, p95, max) and this run's prompt and token counts per
+    LP group (each record's `group`; records without one are group 0), every group of the run listed."""
     latency = [r["decode_seconds"] for r in records if r["finish_reason"] != "error"]
     ran = [r for r in records if run is not None and r["task_id"] in run.task_ids]
     wall = run.wall_seconds if run is not None else None
-    groups: dict[int, dict[str, int]] = {}
-    for r in records:
+    groups = {k: {"prompts": 0, "new_tokens": 0} for k in range(dp_size)}
+    for r in ran:
         g = groups.setdefault(int(r.get("group") or 0), {"prompts": 0, "new_tokens": 0})
         g["prompts"] += 1
         g["new_tokens"] += r["new_tokens"]
@@ -169,10 +169,11 @@ def summarize(records: list[dict[str, Any]], cfg: JobConfig, model_name: str, co
         "lookahead": cfg.to_dict()["lookahead"],
     }
     if cfg.baseline.enabled:
-        compared = [r for r in ok if "baseline_token_ids" in r]
+        compared = [r for r in ok if "baseline_token_ids" in r]     # (a resume with --force: not every record)
         b_tokens = sum(r["baseline_new_tokens"] for r in compared)
         b_seconds = sum(r["baseline_decode_seconds"] for r in compared)
-        rate, b_rate = tokens_per_second(tokens, seconds), tokens_per_second(b_tokens, b_seconds)
+        rate = tokens_per_second(sum(r["new_tokens"] for r in compared), sum(r["decode_seconds"] for r in compared))
+        b_rate = tokens_per_second(b_tokens, b_seconds)
         summary.update({
             "baseline_prompts": len(compared),
             "baseline_new_tokens": b_tokens,
@@ -198,8 +199,8 @@ def _errors_note(errors: int) -> str:
 
 # what this run did (its wall time and the records it wrote: fewer after a resume)
 RUN_KEYS = frozenset({"wall_seconds", "startup_seconds", "job_prompts", "job_errors", "job_new_tokens",
-                      "job_prompts_per_second", "job_tokens_per_second"})
-# summary keys that vary run to run; so does `groups` (which LP group decoded what) with several groups
+                      "job_prompts_per_second", "job_tokens_per_second", "groups"})
+# summary keys that vary run to run
 TIMING_KEYS = frozenset({"decode_seconds", "tokens_per_second", "host_ms_per_round", "baseline_decode_seconds",
                          "baseline_tokens_per_second", "speedup", "latency_p50_s", "latency_p95_s",
                          "latency_max_s"}) | RUN_KEYS
@@ -265,7 +266,8 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
     ]
     if "speedup" in summary:
         lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
-                     f"speedup {_fmt(summary['speedup'], '.2f')}x, ids equal to the baseline on "
+                     f"speedup {_fmt(summary['speedup'], '.2f')}{'x' if summary['speedup'] is not None else ''}, "
+                     f"ids equal to the baseline on "
                      f"{_fmt(summary['baseline_ids_equal_fraction'], '.1%')} of {summary['baseline_prompts']} prompts")
     if "parsed" in summary:
         lines.append(f"completions that parse as Python: {summary['parsed']}/{n - summary['errors']} "
