@@ -9,7 +9,7 @@ import signal
 
 import pytest
 from click.testing import CliRunner
-from multiproc import prompt_lines, write_job
+from multiproc import prompt_lines, start_python, write_job
 
 from lp.run import main
 from test_lp_jobs import TIMEOUT_S, launch
@@ -175,3 +175,46 @@ def test_the_others_wait_for_rank_0s_measurement_past_the_collectives_timeout(tm
     assert measured > 1.5 * timeout_s, "the measurement must outlast the timeout for the test to mean anything"
     got = [json.loads(line) for path in (tmp_path / "out").glob("results*.jsonl") for line in lines_of(path)]
     assert sorted(r["task_id"] for r in got) == [t for t, _ in TEXTS[:4]]
+
+
+RANK_0_ALONE = """
+import os, sys, time
+from lp.parallel.dist import init_distributed, shutdown
+comm = init_distributed("gloo", timeout_s=2.0)
+def work():
+    how = sys.argv[1]
+    if how == "raise":
+        raise RuntimeError("rank 0's own error")
+    if how == "die":
+        os._exit(3)         # gone without a word: no key, and the beat stops
+    time.sleep(5)           # longer than timeout_s, beating
+    return 7
+try:
+    print("result", comm.rank_0_alone("lp/test/step", work, timeout_s=2.0), flush=True)
+except RuntimeError as e:
+    print("error", e, flush=True)
+    sys.exit(1)
+finally:
+    shutdown(comm)
+"""
+
+
+@pytest.mark.parametrize("how", ["slow", "raise", "die"])
+def test_rank_0_alone_waits_while_rank_0_beats_and_no_longer(how):
+    """Work of global rank 0 longer than timeout_s: the other rank waits it out (a collective would time
+    out); work that raises, or a rank 0 that dies without a word: the other rank ends within timeout_s
+    (a store wait alone hung for an hour)."""
+    import time
+
+    t0 = time.monotonic()
+    procs = start_python(["-c", RANK_0_ALONE, how])
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    took = time.monotonic() - t0
+    if how == "slow":
+        assert [p.returncode for p in procs] == [0, 0] and outs == ["result 7\n", "result None\n"], outs
+    elif how == "raise":
+        assert procs[1].returncode == 1 and "global rank 0 failed in its step" in outs[1], outs
+        assert took < 30
+    else:
+        assert procs[0].returncode == 3 and procs[1].returncode == 1, outs
+        assert "global rank 0 gave no sign of life for 2 s" in outs[1] and took < 30, outs

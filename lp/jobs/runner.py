@@ -58,9 +58,6 @@ from lp.models import LoadedModel, load_model, locate_model
 from lp.parallel.dist import Comm
 
 logger = logging.getLogger("lp.jobs")
-# how long the other ranks wait at startup for global rank 0's row-budget measurement (measure_costs),
-# whatever distributed.timeout_s, which bounds the collectives of decoding
-MEASURE_WAIT_S = 3600.0
 
 
 class JobError(RuntimeError):
@@ -127,11 +124,10 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
                     loaded.linear_kernels)
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
         costs = None      # the row budget's costs: measured once, kept with the job for a resume
-        if first and budgeted(cfg):
-            costs = job.read_costs(costs_for(cfg)) or job.write_costs(measure_costs(cfg, loaded, prompts),
-                                                                       costs_for(cfg))
-        if budgeted(cfg):       # the others wait while global rank 0 measures, past distributed.timeout_s
-            comm.after_rank_0(store_prefix() + "measured", MEASURE_WAIT_S)
+        if budgeted(cfg):   # by global rank 0, the others waiting for it (past timeout_s while it beats)
+            costs = comm.rank_0_alone(store_prefix() + "row-budget measurement", lambda: job.read_costs(
+                costs_for(cfg)) or job.write_costs(measure_costs(cfg, loaded, prompts), costs_for(cfg)),
+                cfg.distributed.timeout_s)
         if comm.dp_size > 1:
             comm.world_barrier()
         if comm.lead and not first and budgeted(cfg):

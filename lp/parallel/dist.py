@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 SHARED_DEVICE_ENV = "LP_SHARED_DEVICE"
 
@@ -125,20 +129,53 @@ class Comm:
         if self.job_group is not None and self.job_world > 1:
             dist.barrier(group=self.job_group)
 
-    def after_rank_0(self, key: str, timeout_s: float) -> None:
-        """Global rank 0 sets `key` on the job's store; every other rank waits until it is set, up to
-        `timeout_s`: a wait for rank 0's own work that distributed.timeout_s, the collectives' bound, must
-        not cut short (no collective: a store read)."""
+    def rank_0_alone(self, key: str, work: Callable[[], T], timeout_s: float) -> T | None:
+        """`work()` on global rank 0 alone (its result; None on the other ranks) while the job's other ranks
+        wait for it on the store, not in a collective, so that work longer than the collectives' timeout
+        is no failure. Rank 0 beats a counter on the store every second while it works, then sets `key` to
+        "done", or "failed" when the work raises (and raises). The others return at "done" and raise at
+        "failed", or when the counter stands still for `timeout_s` (rank 0 gone, or not started within
+        it); they read the store between short sleeps, so a signal (torchrun's SIGTERM) is handled at once."""
         if self.store is None or self.job_world < 2:
-            return
+            return work() if self.job_rank == 0 else None
+        beat = key + "/beat"
         if self.job_rank == 0:
-            self.store.set(key, "1")
-        else:
-            self.store.wait([key], datetime.timedelta(seconds=timeout_s))
+            stop = threading.Event()
+            beating = threading.Thread(target=_beat, args=(self.store, beat, stop), daemon=True)
+            beating.start()
+            outcome = "failed"
+            try:
+                result = work()
+                outcome = "done"
+                return result
+            finally:
+                stop.set()
+                beating.join()          # the store client is the beat's until here
+                self.store.set(key, outcome)
+        last, seen = None, time.monotonic()
+        while not self.store.check([key]):
+            beats, now = self.store.add(beat, 0), time.monotonic()
+            if beats != last:
+                last, seen = beats, now
+            elif now - seen > timeout_s:
+                raise RuntimeError(f"global rank 0 gave no sign of life for {timeout_s:g} s (distributed.timeout_s) "
+                                   f"while this rank waited for its {key.rsplit('/', 1)[-1]} step")
+            time.sleep(0.05)
+        if self.store.get(key) != b"done":
+            raise RuntimeError(f"global rank 0 failed in its {key.rsplit('/', 1)[-1]} step: its error line says why")
+        return None
 
     def _count(self, t: torch.Tensor) -> None:
         self.collectives += 1
         self.bytes_moved += t.numel() * t.element_size()
+
+
+def _beat(store, key: str, stop: threading.Event) -> None:
+    """Add 1 to `key` on `store` every second until `stop` is set (Comm.rank_0_alone)."""
+    while True:
+        store.add(key, 1)
+        if stop.wait(1.0):
+            return
 
 
 def _all_gather_single():
