@@ -174,6 +174,11 @@ def test_text_keeps_the_first_space_a_stripping_decoder_drops():
     assert checker.text == after_prompt(tok, prompt, new) == "    return x"
     stopped = StopChecker([2], 16, ["    return"], tok, context=prompt)
     assert feed(stopped, new) == 1 and stopped.text == ""
+    # a prompt that ends in more special tokens than the tail decodes: it reaches back to text
+    specials = tok.encode("a\n") + [2] * 9
+    checker = StopChecker([], 16, tokenizer=tok, context=specials)
+    feed(checker, new)
+    assert checker.text == after_prompt(tok, specials, new) == "    return x"
 
 
 def test_lp_generate_text_is_the_text_after_the_prompt(tiny_model64):

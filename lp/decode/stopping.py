@@ -6,20 +6,33 @@ from typing import Any, Callable, Sequence
 # a caller's stopping test: (request key, its input as generate's criteria see it: seen prompt + output) -> stop
 StopTest = Callable[[Any, list[int]], bool]
 
-CONTEXT_TOKENS = 8      # the prompt's last tokens decoded before the output (continuation_text)
+CONTEXT_TOKENS = 8      # the prompt's last tokens decoded before the output (continuation_text), at least
 
 
-def continuation_text(tokenizer, context: Sequence[int], tokens: Sequence[int]) -> str:
-    """The text `tokens` add after a prompt ending in `context`: decode(context + tokens) less decode(context)
-    (special tokens left out), as `decode(prompt + output)[len(decode(prompt)):]` gives it. Decoded alone,
-    the output's first space is lost by tokenizers whose decoder strips the start of a text (Llama's and
-    CodeLlama's SentencePiece ones: a completion's first indent would be one space short); where the
-    context's text is not a prefix of the whole (a tokenizer that tidies spaces across the seam), the
-    output is decoded alone."""
-    context = list(context[-CONTEXT_TOKENS:])
+def text_context(tokenizer, prompt: Sequence[int]) -> tuple[list[int], str]:
+    """The prompt's tail that continuation_text decodes before the output, and its text: the last
+    CONTEXT_TOKENS ids, doubled while they decode to nothing (special tokens only, which the text leaves
+    out and a stripping decoder would strip past)."""
+    prompt, count = list(prompt), CONTEXT_TOKENS
+    while True:
+        context = prompt[-count:]
+        text = tokenizer.decode(context, skip_special_tokens=True) if context else ""
+        if text or count >= len(prompt):
+            return context, text
+        count *= 2
+
+
+def continuation_text(tokenizer, context: Sequence[int], tokens: Sequence[int], before: str | None = None) -> str:
+    """The text `tokens` add after a prompt ending in `context` (text_context: the ids and `before`, their
+    text): decode(context + tokens) less decode(context) (special tokens left out), as
+    `decode(prompt + output)[len(decode(prompt)):]` gives it. Decoded alone, the output's first space is
+    lost by tokenizers whose decoder strips the start of a text (Llama's and CodeLlama's SentencePiece
+    ones: a completion's first indent would be one space short). Where the context's text is not a
+    prefix of the whole (a tokenizer that tidies spaces across the seam; a character split over the seam,
+    which a prompt encoded from text never ends in), the output is decoded alone."""
     if context:
-        before = tokenizer.decode(context, skip_special_tokens=True)
-        whole = tokenizer.decode(context + list(tokens), skip_special_tokens=True)
+        before = tokenizer.decode(list(context), skip_special_tokens=True) if before is None else before
+        whole = tokenizer.decode(list(context) + list(tokens), skip_special_tokens=True)
         if whole.startswith(before):
             return whole[len(before):]
     return tokenizer.decode(list(tokens), skip_special_tokens=True)
@@ -50,7 +63,8 @@ class StopChecker:
         self.stop = tuple(stop)
         self.tokenizer = tokenizer
         self.criterion = criterion
-        self.context = [int(t) for t in context[-CONTEXT_TOKENS:]]
+        self.context, self._before = (text_context(tokenizer, [int(t) for t in context]) if tokenizer is not None
+                                      else ([], ""))
         self.tokens: list[int] = []
         self.reason: str | None = None
         self._cut: int | None = None
@@ -70,7 +84,7 @@ class StopChecker:
         return self.reason
 
     def _decode(self) -> str:
-        return continuation_text(self.tokenizer, self.context, self.tokens)
+        return continuation_text(self.tokenizer, self.context, self.tokens, self._before)
 
     def _find_stop(self) -> int | None:
         text = self._decode()
