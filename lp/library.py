@@ -57,7 +57,7 @@ from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
-from lp.decode.stopping import StopTest, continuation_text
+from lp.decode.stopping import StopTest, continuation_text, text_context
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (PerRequest, bias_entries, no_op, read_criteria, read_processors, replayed_forcing,
                               row_processor_of, row_wise, stop_test, token_ids)
@@ -230,7 +230,9 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         stop_strings = ()
     elif isinstance(stop_strings, str):        # one stop string, as generate takes it
         stop_strings = (stop_strings,)
-    elif not (isinstance(stop_strings, (list, tuple)) and all(isinstance(s, str) for s in stop_strings)):
+    elif isinstance(stop_strings, (list, tuple, set, frozenset)) and all(isinstance(s, str) for s in stop_strings):
+        stop_strings = tuple(stop_strings)
+    else:
         raise ValueError(f"generate.stop_strings must be a string or a list of strings; got "
                          f"{short_repr(stop_strings, 60)}")
     if stop_strings and tokenizer is None:
@@ -278,7 +280,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                       row_processor=row_processor_of(custom), stop_when=stop_when)
     for r, prompt in zip(results, batch):
         if r.text is None and tokenizer is not None:
-            r.text = continuation_text(tokenizer, prompt, r.token_ids)
+            r.text = continuation_text(tokenizer, text_context(tokenizer, prompt)[0], r.token_ids)
     return results
 
 
@@ -384,18 +386,25 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
 
 
 def _id_list(name: str, value) -> list[int]:
-    """A token-id option of lp.generate as a list: None (none), an id, a list or tuple of ids, a 1-D integer
-    tensor (generate's forms); anything else (a string, a bool, a float) is refused, naming the option."""
-    if isinstance(value, torch.Tensor) and value.dim() <= 1 and not value.is_floating_point() and \
-            value.dtype != torch.bool:
+    """A token-id option of lp.generate as a list: None (none), an id (a Python, numpy or 0-d tensor
+    integer), or a sequence of ids (a list, tuple, range, 1-D array or tensor); anything else (a string,
+    a bool, a float) is refused, naming the option."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) <= 1:     # a tensor or array: its ints
         value = value.tolist()
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
     if value is None:
         return []
-    if not (isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)):
+    ids = [value] if _an_id(value) else list(value) if isinstance(value, (list, tuple, range)) else None
+    if ids is None or not all(_an_id(t) for t in ids):
         raise ValueError(f"generate.{name} must be a token id or a list of token ids; got {short_repr(value, 60)}")
-    return list(value)
+    return [int(t) for t in ids]
+
+
+def _an_id(value) -> bool:
+    """An integer that is no bool: a Python or numpy one, or a 0-d integer tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and not value.is_complex() and \
+            value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _prompt_list(prompts, tokenizer) -> list[list[int]]:

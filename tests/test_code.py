@@ -82,6 +82,8 @@ def test_prose_is_no_import():
     assert import_lines('def f():\n    """\nimport os\n    """\nimport re; import json\n') == [
         "import re; import json"]
     assert import_lines("from typing import (List,\n    Dict)\nx = 1\n") == ["from typing import (List,\n    Dict)"]
+    # line breaks that str.splitlines knows and ast does not (a form feed, U+2028 in a string)
+    assert import_lines('x = "a\u2028b"\nimport os\n') == import_lines("x = 1\x0c\nimport os\r\n") == ["import os"]
 
 
 def test_missing_imports_are_added():

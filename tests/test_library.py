@@ -528,10 +528,18 @@ def test_generate_refuses_ids_and_stop_strings_of_another_kind(model, key, value
 
 
 def test_generate_takes_generates_forms_of_token_ids(model):
-    """An id, a list, a tuple or a 1-D tensor of ids: the same EOS ids."""
+    """An id, a list, a tuple or a 1-D tensor of ids, numpy's too: the same EOS ids; stop strings in a set."""
+    import numpy as np
+
     out = [lp.generate(model, PROMPTS[0], max_new_tokens=12, eos_token_id=e)[0].token_ids
-           for e in (7, [7], (7,), torch.tensor([7]), torch.tensor(7))]
+           for e in (7, [7], (7,), torch.tensor([7]), torch.tensor(7), np.int64(7), np.array([7]), [np.int64(7)],
+                     [torch.tensor(7)], range(7, 8))]
     assert all(o == out[0] for o in out)
+    tokenizer = TinyTokenizer(98)
+    text = lp.generate(model, PROMPTS[0], tokenizer=tokenizer, max_new_tokens=12)[0].text
+    stops = [lp.generate(model, PROMPTS[0], tokenizer=tokenizer, max_new_tokens=12, stop_strings=s)[0].text
+             for s in ([text[3:5]], (text[3:5],), {text[3:5]})]
+    assert stops == [text[:text.index(text[3:5])]] * 3
 
 
 def test_generate_applies_generates_processors(model):

@@ -434,3 +434,20 @@ def test_no_distribution_to_draw_from_is_an_error_as_in_generate(case, on_device
         lookahead_generate(model, prompt, LookaheadParams(), GenerationParams(new, temperature=1.0,
                                                                               suppress_tokens=banned),
                            sampling_on_device=on_device)
+
+
+def test_no_distribution_later_in_the_output_names_that_token():
+    """The third new token has nothing to draw from (a processor bans every token there): lp.generate
+    raises naming new token 2, after two tokens drawn as usual."""
+    import lp
+    from transformers import LogitsProcessor
+
+    prompt = [1, 5, 9, 13, 7, 22, 5, 9]
+
+    class BanFromThird(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return torch.full_like(scores, -float("inf")) if input_ids.shape[-1] >= len(prompt) + 2 else scores
+
+    model = tiny_random_llama(vocab=64, seed=0).model
+    with pytest.raises(RuntimeError, match="no distribution to draw new token 2 from"):
+        lp.generate(model, prompt, do_sample=True, max_new_tokens=6, logits_processor=[BanFromThird()])

@@ -50,7 +50,7 @@ def import_lines(code: str) -> list[str]:
     """The top-level import statements of `code` (the lines of each), in order: those of its syntax tree
     when it parses, else each column-0 line that is an import statement on its own (prose such as
     "from now on, be brief." is none)."""
-    lines = code.splitlines()
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")     # ast's lines (splitlines has more breaks)
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
