@@ -57,7 +57,7 @@ from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
-from lp.decode.stopping import StopTest, continuation_text, text_context
+from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (PerRequest, bias_entries, no_op, read_criteria, read_processors, replayed_forcing,
                               row_processor_of, row_wise, stop_test, token_ids)
@@ -278,10 +278,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
                       row_processor=row_processor_of(custom), stop_when=stop_when)
-    for r, prompt in zip(results, batch):
-        if r.text is None and tokenizer is not None:
-            r.text = continuation_text(tokenizer, text_context(tokenizer, prompt)[0], r.token_ids)
-    return results
+    return results          # with a tokenizer each has its text (its StopChecker's)
 
 
 def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation: GenerationParams, eos: list[int],

@@ -186,12 +186,12 @@ def test_lp_generate_text_is_the_text_after_the_prompt(tiny_model64):
     import lp
 
     tok = llama_style_tokenizer()
-    prompt = tok.encode("def f(x):\n")
 
     def allowed(batch_id, ids):
-        return [6] if len(ids) == len(prompt) else list(range(3, 22))
+        return [6] if ids.shape[-1] == len(prompt) else list(range(3, 22))
 
-    (result,) = lp.generate(tiny_model64, prompt, tokenizer=tok, max_new_tokens=6, eos_token_id=2,
-                            prefix_allowed_tokens_fn=allowed)
-    assert result.token_ids[0] == 6 and result.text.startswith("    ")
-    assert result.text == after_prompt(tok, prompt, result.token_ids)
+    for prompt in (tok.encode("def f(x):\n"), tok.encode("def f(x):\n") + [2] * 9):    # 9: past the tail of 8
+        (result,) = lp.generate(tiny_model64, prompt, tokenizer=tok, max_new_tokens=6, eos_token_id=[],
+                                prefix_allowed_tokens_fn=allowed)
+        assert result.token_ids[0] == 6 and result.text.startswith("    ")
+        assert result.text == after_prompt(tok, prompt, result.token_ids)

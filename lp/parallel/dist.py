@@ -134,14 +134,16 @@ class Comm:
         wait for it on the store, not in a collective, so that work longer than the collectives' timeout
         is no failure. Rank 0 beats a counter on the store every second while it works, then sets `key` to
         "done", or "failed" when the work raises (and raises). The others return at "done" and raise at
-        "failed", or when the counter stands still for `timeout_s` (rank 0 gone, or not started within
-        it); they read the store between short sleeps, so a signal (torchrun's SIGTERM) is handled at once."""
+        "failed", or when the counter stands still for `timeout_s` (rank 0 gone; or, before its first beat,
+        not at this step within `timeout_s` of their own arrival, as a collective would time out); they
+        read the store between short sleeps, so a signal (torchrun's SIGTERM) is handled at once."""
         if self.store is None or self.job_world < 2:
             return work() if self.job_rank == 0 else None
         beat = key + "/beat"
         if self.job_rank == 0:
             stop = threading.Event()
-            beating = threading.Thread(target=_beat, args=(self.store, beat, stop), daemon=True)
+            beating = threading.Thread(target=_beat, args=(self.store, beat, stop, min(1.0, timeout_s / 10)),
+                                       daemon=True)
             beating.start()
             outcome = "failed"
             try:
@@ -151,7 +153,11 @@ class Comm:
             finally:
                 stop.set()
                 beating.join()          # the store client is the beat's until here
-                self.store.set(key, outcome)
+                try:
+                    self.store.set(key, outcome)
+                except Exception:       # noqa: BLE001  (the store is gone: the work's own error comes first)
+                    if outcome == "done":
+                        raise
         last, seen = None, time.monotonic()
         while not self.store.check([key]):
             beats, now = self.store.add(beat, 0), time.monotonic()
@@ -159,8 +165,9 @@ class Comm:
                 last, seen = beats, now
             elif now - seen > timeout_s:
                 raise RuntimeError(f"global rank 0 gave no sign of life for {timeout_s:g} s (distributed.timeout_s) "
-                                   f"while this rank waited for its {key.rsplit('/', 1)[-1]} step")
-            time.sleep(0.05)
+                                   f"while this rank waited for its {key.rsplit('/', 1)[-1]} step: it is gone, or "
+                                   f"did not reach that step in that time")
+            time.sleep(min(0.1, timeout_s / 20))
         if self.store.get(key) != b"done":
             raise RuntimeError(f"global rank 0 failed in its {key.rsplit('/', 1)[-1]} step: its error line says why")
         return None
@@ -170,11 +177,11 @@ class Comm:
         self.bytes_moved += t.numel() * t.element_size()
 
 
-def _beat(store, key: str, stop: threading.Event) -> None:
-    """Add 1 to `key` on `store` every second until `stop` is set (Comm.rank_0_alone)."""
+def _beat(store, key: str, stop: threading.Event, period_s: float) -> None:
+    """Add 1 to `key` on `store` every `period_s` until `stop` is set (Comm.rank_0_alone)."""
     while True:
         store.add(key, 1)
-        if stop.wait(1.0):
+        if stop.wait(period_s):
             return
 
 
