@@ -132,11 +132,12 @@ class Comm:
     def rank_0_alone(self, key: str, work: Callable[[], T], timeout_s: float) -> T | None:
         """`work()` on global rank 0 alone (its result; None on the other ranks) while the job's other ranks
         wait for it on the store, not in a collective, so that work longer than the collectives' timeout
-        is no failure. Rank 0 beats a counter on the store every second while it works, then sets `key` to
-        "done", or "failed" when the work raises (and raises). The others return at "done" and raise at
-        "failed", or when the counter stands still for `timeout_s` (rank 0 gone; or, before its first beat,
-        not at this step within `timeout_s` of their own arrival, as a collective would time out); they
-        read the store between short sleeps, so a signal (torchrun's SIGTERM) is handled at once."""
+        is no failure. Rank 0 beats a counter on the store every min(1, timeout_s / 10) s while it works,
+        then sets `key` to "done", or "failed" when the work raises (and raises). The others return at
+        "done" and raise at "failed", or when the counter stands still for `timeout_s` (rank 0 gone; or,
+        before its first beat, not at this step within `timeout_s` of their own arrival, as a collective
+        would time out); they read the store between short sleeps, so a signal (torchrun's SIGTERM) is
+        handled at once."""
         if self.store is None or self.job_world < 2:
             return work() if self.job_rank == 0 else None
         beat = key + "/beat"
