@@ -69,6 +69,12 @@ def start_ranks(config: Path, *args: str, world: int = 2, quiet: bool = True) ->
     return start_python(["-m", "lp.run", "--config", str(config), *(["--quiet"] if quiet else []), *args], world)
 
 
+def written_lines(*paths: Path) -> int:
+    """The whole lines (ending in a newline) of results files a running job writes: a poll may read a
+    line half written."""
+    return sum(path.read_bytes().count(b"\n") for path in paths if path.exists())
+
+
 def wait_for_records(procs: list[subprocess.Popen], count_records, count: int) -> None:
     """Poll `count_records()` until it reaches `count`; every rank must stay alive meanwhile."""
     deadline = time.time() + 180

@@ -18,7 +18,7 @@ from lp.jobs.handout import Handout
 from lp.jobs.summary import job_figures, percentile, RunFacts
 from lp.parallel.dist import mesh
 from lp.run import main
-from multiproc import prompt_lines, start_ranks, wait_for_records, write_job
+from multiproc import prompt_lines, start_ranks, wait_for_records, write_job, written_lines
 
 TIMEOUT_S = 20
 MARGIN_S = 30
@@ -134,7 +134,7 @@ def test_killed_follower_ends_every_group(tmp_path):
     """2 x 2: rank 3 (group 1's follower) is killed; group 1's leader fails its collective and says so
     on the store, and group 0 stops at once instead of decoding on."""
     procs = start_ranks(job(tmp_path, lp_size=2), world=4)
-    wait_for_records(procs, lambda: len(raw_records(tmp_path / "out")), 2)
+    wait_for_records(procs, lambda: written_lines(*(tmp_path / "out").glob("results*.jsonl")), 2)
     took, errs = kill_and_wait(procs, 3)
     assert [procs[r].returncode for r in (0, 1, 2)] == [1, 1, 1], errs
     assert max(took.values()) < TIMEOUT_S       # told on the store, not left to the heartbeat timeout
@@ -148,7 +148,7 @@ def test_killed_group_ends_the_job_and_a_rerun_resumes(reference, tmp_path):
     one record per task, tokens and per-round counts of the one-worker run."""
     config = job(tmp_path, lp_size=1)
     procs = start_ranks(config, world=4)
-    wait_for_records(procs, lambda: len(raw_records(tmp_path / "out")), 3)
+    wait_for_records(procs, lambda: written_lines(*(tmp_path / "out").glob("results*.jsonl")), 3)
     took, errs = kill_and_wait(procs, 2)
     assert [procs[r].returncode for r in (0, 1, 3)] == [1, 1, 1], errs
     assert TIMEOUT_S - 1 <= min(took.values()) and max(took.values()) < TIMEOUT_S + MARGIN_S, took

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from multiproc import ROOT, prompt_lines, start_ranks, wait_for_records, write_job
+from multiproc import ROOT, prompt_lines, start_ranks, wait_for_records, write_job, written_lines
 
 TIMEOUT_S = 20
 MARGIN_S = 30     # process exit after the failed collective, on a loaded machine
@@ -59,7 +59,7 @@ def test_dead_worker_ends_the_job(tmp_path):
     results = tmp_path / "out" / "results.jsonl"
     procs = start_ranks(config)
     try:
-        wait_for_records(procs, lambda: len(read_results(results)), 3)
+        wait_for_records(procs, lambda: written_lines(results), 3)
         took, err = kill_and_wait(procs[1], procs[0])
     finally:
         end_all(procs)
@@ -77,7 +77,7 @@ def test_stopped_worker_ends_the_job_at_the_timeout(tmp_path):
     results = tmp_path / "out" / "results.jsonl"
     procs = start_ranks(config, world=3)
     try:
-        wait_for_records(procs, lambda: len(read_results(results)), 3)
+        wait_for_records(procs, lambda: written_lines(results), 3)
         procs[2].send_signal(signal.SIGSTOP)
         stopped_at = time.time()
         took = []
@@ -105,7 +105,7 @@ def test_rank_0_killed_between_prompts_ends_the_others(tmp_path):
     results = tmp_path / "out" / "results.jsonl"
     procs = start_ranks(config)
     try:
-        wait_for_records(procs, lambda: len(read_results(results)), 2)
+        wait_for_records(procs, lambda: written_lines(results), 2)
         procs[0].send_signal(signal.SIGSTOP)         # freeze rank 0 to see where it is
         records = read_results(results)
         assert records[0]["task_id"] == "first" and records[-1]["finish_reason"] == "error"
