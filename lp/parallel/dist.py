@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import datetime
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from lp.parallel.watch import Pulse, beat_period, beating
 
 T = TypeVar("T")
 
@@ -142,29 +143,21 @@ class Comm:
             return work() if self.job_rank == 0 else None
         beat = key + "/beat"
         if self.job_rank == 0:
-            stop = threading.Event()
-            beating = threading.Thread(target=_beat, args=(self.store, beat, stop, min(1.0, timeout_s / 10)),
-                                       daemon=True)
-            beating.start()
             outcome = "failed"
             try:
-                result = work()
+                with beating(self.store, beat, beat_period(timeout_s)):
+                    result = work()
                 outcome = "done"
                 return result
             finally:
-                stop.set()
-                beating.join()          # the store client is the beat's until here
                 try:
                     self.store.set(key, outcome)
                 except Exception:       # noqa: BLE001  (the store is gone: the work's own error comes first)
                     if outcome == "done":
                         raise
-        last, seen = None, time.monotonic()
+        pulse = Pulse(self.store, beat)
         while not self.store.check([key]):
-            beats, now = self.store.add(beat, 0), time.monotonic()
-            if beats != last:
-                last, seen = beats, now
-            elif now - seen > timeout_s:
+            if pulse.still_for() > timeout_s:
                 raise RuntimeError(f"global rank 0 gave no sign of life for {timeout_s:g} s (distributed.timeout_s) "
                                    f"while this rank waited for its {key.rsplit('/', 1)[-1]} step: it is gone, or "
                                    f"did not reach that step in that time")
@@ -176,14 +169,6 @@ class Comm:
     def _count(self, t: torch.Tensor) -> None:
         self.collectives += 1
         self.bytes_moved += t.numel() * t.element_size()
-
-
-def _beat(store, key: str, stop: threading.Event, period_s: float) -> None:
-    """Add 1 to `key` on `store` every `period_s` until `stop` is set (Comm.rank_0_alone)."""
-    while True:
-        store.add(key, 1)
-        if stop.wait(period_s):
-            return
 
 
 def _all_gather_single():

@@ -26,10 +26,53 @@ import sys
 import threading
 import time
 import _thread
+from contextlib import contextmanager
 
 import torch.distributed as dist
 
 logger = logging.getLogger("lp.parallel.watch")
+
+
+def beat_period(timeout_s: float) -> float:
+    """How often a rank beats its counter on the store: ten beats per timeout, at most 1 s apart."""
+    return min(1.0, timeout_s / 10)
+
+
+class Pulse:
+    """Another rank's heartbeat counter `key` on the store, judged by this rank's own clock (so no
+    clock sync is needed): `still_for()` is how long the counter has not moved, counted from this
+    Pulse's making until the counter's first read."""
+
+    def __init__(self, store, key: str):
+        self.store, self.key = store, key
+        self.last, self.seen = None, time.monotonic()
+
+    def still_for(self) -> float:
+        beats, now = self.store.add(self.key, 0), time.monotonic()
+        if beats != self.last:
+            self.last, self.seen = beats, now
+        return now - self.seen
+
+
+@contextmanager
+def beating(store, key: str, period_s: float):
+    """Add 1 to `key` on `store` every `period_s` from a thread while the block runs; the store
+    client is the thread's until the block ends (Comm.rank_0_alone)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            store.add(key, 1)
+            if stop.wait(period_s):
+                return
+
+    thread = threading.Thread(target=beat, name="lp-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class PeerFailed(BaseException):
@@ -46,7 +89,7 @@ class Watchdog:
     def __init__(self, rank: int, world: int, timeout_s: float, prefix: str, period_s: float | None = None,
                  grace_s: float = 10.0):
         self.rank, self.world, self.timeout_s, self.prefix = rank, world, timeout_s, prefix
-        self.period_s = period_s or min(1.0, timeout_s / 10)
+        self.period_s = period_s or beat_period(timeout_s)
         self.grace_s = grace_s
         self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                    timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
@@ -63,24 +106,18 @@ class Watchdog:
         self.store.add(f"{self.prefix}beat/{self.rank}", 1)
 
     def _run(self) -> None:
-        others = [r for r in range(self.world) if r != self.rank]
-        last = {r: -1 for r in others}
-        seen = {r: time.monotonic() for r in others}
+        pulses = {r: Pulse(self.store, f"{self.prefix}beat/{r}") for r in range(self.world) if r != self.rank}
         try:
             while not self._stop.wait(self.period_s):
                 self._beat()
                 if self.store.check([f"{self.prefix}failed"]):
                     return self._trigger(self.store.get(f"{self.prefix}failed").decode())
-                now = time.monotonic()
-                for r in others:
-                    if self.store.check([f"{self.prefix}finished/{r}"]):
-                        seen[r] = now
+                for r, pulse in pulses.items():
+                    if self.store.check([f"{self.prefix}finished/{r}"]):    # for good: no beats to come
                         continue
-                    beats = self.store.add(f"{self.prefix}beat/{r}", 0)
-                    if beats != last[r]:
-                        last[r], seen[r] = beats, now
-                    elif now - seen[r] > self.timeout_s:
-                        return self._trigger(f"rank {r} timed out: no heartbeat for {now - seen[r]:.0f} s "
+                    still = pulse.still_for()
+                    if still > self.timeout_s:
+                        return self._trigger(f"rank {r} timed out: no heartbeat for {still:.0f} s "
                                              f"(distributed.timeout_s={self.timeout_s:g})")
         except Exception as e:  # noqa: BLE001  (the store is gone: global rank 0, its host, died)
             if not self._stop.is_set():
