@@ -6,6 +6,7 @@ token, those that read the time or the scores refused). lp/library.py's two entr
 `lookahead` on the processors generate prepared, `generate` on the same knobs given by name."""
 from __future__ import annotations
 
+import numbers
 from typing import Mapping, NamedTuple, Sequence
 
 import torch
@@ -299,17 +300,18 @@ def _applied_field(p, shape: tuple[int, int], eos: list[int]) -> tuple[str, obje
     if _biases(p):
         return "sequence_bias", bias_entries(p.sequence_bias)
     if isinstance(p, SuppressTokensLogitsProcessor):
-        return "suppress_tokens", tuple(token_ids(p.suppress_tokens))
+        return "suppress_tokens", tuple(token_ids(p.suppress_tokens, _named(p)))
     if isinstance(p, ForcedEOSTokenLogitsProcessor):
-        return "forced_eos_token_id", (tuple(token_ids(p.eos_token_id)), int(p.max_length))
+        return "forced_eos_token_id", (tuple(token_ids(p.eos_token_id, _named(p))), int(p.max_length))
     if isinstance(p, SuppressTokensAtBeginLogitsProcessor):     # (one that begins inside the input: no_op)
         if p.begin_index != shape[1]:
             raise ValueError(f"lp.lookahead suppresses begin_suppress_tokens at the first new token; {_named(p)} "
                              f"begins at input length {p.begin_index}, not {shape[1]}")
-        return "begin_suppress_tokens", tuple(token_ids(p.begin_suppress_tokens))
-    if sorted(token_ids(p.eos_token_id)) != sorted(eos):
+        return "begin_suppress_tokens", tuple(token_ids(p.begin_suppress_tokens, _named(p)))
+    held = token_ids(p.eos_token_id, _named(p))
+    if sorted(held) != sorted(eos):
         raise ValueError(f"lp.lookahead holds back the eos_token_id it stops at ({eos}); {_named(p)} "
-                         f"holds back {token_ids(p.eos_token_id)}")
+                         f"holds back {held}")
     if isinstance(p, MinLengthLogitsProcessor):          # generate counts the padded length
         return "min_new_tokens", max(p.min_length - shape[1], 0)
     return "min_new_tokens", max(p.prompt_length_to_skip + p.min_new_tokens - shape[1], 0)
@@ -362,9 +364,9 @@ def read_criteria(criteria: Sequence, config, processing: dict, shape: tuple[int
     EosTokenCriteria (else the config's); generate tests its criteria after a first token, so a row gets at
     least one."""
     criteria = list(criteria or [])
-    eos = token_ids(config.eos_token_id)
+    eos = token_ids(config.eos_token_id, "generation_config.eos_token_id")
     lengths = [c.max_length for c in criteria if type(c) is MaxLengthCriteria]
-    ends = [token_ids(c.eos_token_id) for c in criteria if type(c) is EosTokenCriteria]
+    ends = [token_ids(c.eos_token_id, type(c).__name__) for c in criteria if type(c) is EosTokenCriteria]
     ends = sorted(set().union(*ends)) if ends else eos
     stops = [c for c in criteria if type(c) not in _STOPS]
     if set(ends) != set(eos) and processing.get("min_new_tokens"):
@@ -387,11 +389,23 @@ def read_criteria(criteria: Sequence, config, processing: dict, shape: tuple[int
     return Ending(new, ends, stop_test(stops, device))
 
 
-def token_ids(value) -> list[int]:
-    """Token ids as a list: from None (none), an int, a sequence or a tensor (generate's eos_token_id forms)."""
+def token_ids(value, name: str) -> list[int]:
+    """Token ids as a list, from generate's forms: None (none), an id (a Python, numpy or 0-d tensor
+    integer), or a sequence of ids (a list, tuple, range, 1-D array or tensor). Anything else (a string,
+    a bool, a float) is refused with a ValueError that names the option `name`."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) <= 1:     # a tensor or array: its ints
+        value = value.tolist()
     if value is None:
         return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    ids = [value] if is_token_id(value) else list(value) if isinstance(value, (list, tuple, range)) else None
+    if ids is None or not all(is_token_id(t) for t in ids):
+        raise ValueError(f"{name} must be a token id or a list of token ids; got {short_repr(value, 60)}")
+    return [int(t) for t in ids]
 
+
+def is_token_id(value) -> bool:
+    """An integer that is no bool: a Python or numpy one, or a 0-d integer tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and not value.is_complex() and \
+            value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import numbers
 import sys
 import time
 import warnings
@@ -60,7 +59,7 @@ from lp.decode.propose import job_cache as completions_index    # `job_cache` is
 from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (PerRequest, bias_entries, no_op, read_criteria, read_processors, replayed_forcing,
-                              row_processor_of, row_wise, stop_test, token_ids)
+                              is_token_id, row_processor_of, row_wise, stop_test, token_ids)
 from lp.jobs.config import JOB_LOOKAHEAD, check_types
 from lp.measure.cost_model import budget_kwargs, row_costs
 from lp.messages import short_repr
@@ -150,7 +149,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
                          f"{', '.join(extra)} to the model")
     mask = model_kwargs.get("attention_mask")
     _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
-    eos = token_ids(config.eos_token_id)
+    eos = token_ids(config.eos_token_id, "generation_config.eos_token_id")
     processing, ignored, custom = read_processors(
         [p for p in logits_processor or [] if not no_op(p, input_ids.shape[1])], bool(config.do_sample),
         input_ids.shape, eos)
@@ -243,7 +242,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
                  suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
                  sequence_bias=bias_entries(sequence_bias or ()),
-                 forced_eos_token_id=_id_list("forced_eos_token_id", forced_eos_token_id),
+                 forced_eos_token_id=token_ids(forced_eos_token_id, "generate.forced_eos_token_id"),
                  batch_size=batch_size)
     defaults = inspect.signature(generate).parameters
     # None is off, as generate reads an explicit None: each knob's default, which is off but for top_k's
@@ -262,8 +261,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
             warnings.warn(f"lp.generate decodes greedily (do_sample=False): {', '.join(unused)} only apply when "
                           f"sampling; set do_sample=True or leave them out", UserWarning, stacklevel=2)
     check(generation)
-    eos = _id_list("eos_token_id", eos_token_id) if eos_token_id is not None else \
-        token_ids(model.generation_config.eos_token_id)
+    eos = token_ids(eos_token_id, "generate.eos_token_id") if eos_token_id is not None else \
+        token_ids(model.generation_config.eos_token_id, "generation_config.eos_token_id")
     custom = [row_wise(p) for p in logits_processor or ()]
     device = next(model.parameters()).device
     if prefix_allowed_tokens_fn is not None:
@@ -382,28 +381,6 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
 
 
 
-def _id_list(name: str, value) -> list[int]:
-    """A token-id option of lp.generate as a list: None (none), an id (a Python, numpy or 0-d tensor
-    integer), or a sequence of ids (a list, tuple, range, 1-D array or tensor); anything else (a string,
-    a bool, a float) is refused, naming the option."""
-    if hasattr(value, "tolist") and getattr(value, "ndim", 0) <= 1:     # a tensor or array: its ints
-        value = value.tolist()
-    if value is None:
-        return []
-    ids = [value] if _an_id(value) else list(value) if isinstance(value, (list, tuple, range)) else None
-    if ids is None or not all(_an_id(t) for t in ids):
-        raise ValueError(f"generate.{name} must be a token id or a list of token ids; got {short_repr(value, 60)}")
-    return [int(t) for t in ids]
-
-
-def _an_id(value) -> bool:
-    """An integer that is no bool: a Python or numpy one, or a 0-d integer tensor."""
-    if isinstance(value, torch.Tensor):
-        return value.dim() == 0 and not value.is_floating_point() and not value.is_complex() and \
-            value.dtype != torch.bool
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _prompt_list(prompts, tokenizer) -> list[list[int]]:
     """The prompts as lists of ids: a string or a list of strings (with the tokenizer); ids as a list, a
     1-D or 2-D tensor or array, or a list of those; or a tokenizer's output (input_ids with its
@@ -441,7 +418,7 @@ def _rows(prompts) -> list:
     if isinstance(prompts, (str, int)) or not isinstance(prompts, Sequence):
         raise ValueError(f"prompts must be a string, token ids or a list of either; got {type(prompts).__name__}")
     prompts = list(prompts)
-    return [prompts] if prompts and _is_id(prompts[0]) else prompts
+    return [prompts] if prompts and is_token_id(prompts[0]) else prompts
 
 
 def _ids_of(prompt) -> list[int]:
@@ -450,14 +427,6 @@ def _ids_of(prompt) -> list[int]:
         prompt = prompt.tolist()
     if isinstance(prompt, Sequence) and len(prompt) == 1 and isinstance(prompt[0], Sequence):
         prompt = prompt[0]       # a [1, n] row, as a tokenizer returns one prompt
-    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not all(_is_id(t) for t in prompt):
+    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not all(is_token_id(t) for t in prompt):
         raise ValueError(f"a prompt must be text or a flat sequence of token ids; got {short_repr(prompt, 60)}")
     return [int(t) for t in prompt]
-
-
-def _is_id(value) -> bool:
-    """An int, a numpy integer or a 0-d integer tensor."""
-    if isinstance(value, torch.Tensor):
-        return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
