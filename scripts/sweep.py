@@ -364,14 +364,17 @@ def _finish(ax, fig, xlabel, ylabel, title, path, paths):
 
 
 def latency_table(rows: list[dict]) -> str:
-    """One line per finished point: the split, job throughput over the wall time and per-request latency."""
-    lines = ["point                      dp x lp  wall s  prompts/s  tokens/s  latency p50 s  p95 s  max s"]
+    """One line per finished point: the split, the compression S beside the rows per round (rank 0's
+    share under LP) that bought it, job throughput over the wall time and per-request latency."""
+    lines = ["point                      dp x lp     S  rows/round  wall s  prompts/s  tokens/s  latency p50 s  p95 s  "
+             "max s"]
     for r in rows:
         if r["status"] != "ok" or r.get("wall_seconds") is None:
             continue
         f = lambda key, width, digits: (f"{r[key]:>{width}.{digits}f}" if r.get(key) is not None  # noqa: E731
                                         else f"{'-':>{width}}")
-        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {f('wall_seconds', 6, 2)} "
+        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {f('compression', 5, 2)} "
+                     f"{f('rows_per_round', 11, 1)} {f('wall_seconds', 6, 2)} "
                      f"{f('job_prompts_per_second', 10, 2)} {f('job_tokens_per_second', 9, 1)} "
                      f"{f('latency_p50_s', 14, 3)} {f('latency_p95_s', 6, 3)} {f('latency_max_s', 6, 3)}")
     return "\n".join(lines)

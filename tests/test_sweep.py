@@ -124,6 +124,8 @@ def test_lp_size_grid_key_gives_one_latency_throughput_point_per_split(tmp_path)
     assert sorted((out / "points" / "P2_L1").glob("results*.jsonl"))     # per-group files, summed
     line = next(line for line in stdout.splitlines() if line.startswith("P2_L1"))
     assert line.split()[1:4] == ["2", "x", "1"]
+    s, rows_per_round = (float(v) for v in line.split()[4:6])      # S beside the rows that bought it
+    assert (s, rows_per_round) == (round(float(ok["compression"]), 2), round(float(ok["rows_per_round"]), 1))
     assert (out / "latency_vs_throughput.png").stat().st_size > 0
 
 
