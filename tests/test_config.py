@@ -267,6 +267,17 @@ def test_default_job_is_the_embedded_default():
     assert (cfg.data.instruction, cfg.data.response_prefix) == (CODE_INSTRUCTION, RESPONSE_PREFIX)
 
 
+@pytest.mark.parametrize("data", [{"chat_template": False}, {"source": "jsonl", "path": "p.jsonl"}])
+def test_an_instruction_without_its_prompt_is_refused_only_where_it_is_read(data):
+    """Only the chat mode reads data.instruction: a raw-mode job (said so, or by jsonl's default) takes
+    any text there; the chat mode (said so, or by the code sources' default) refuses one without {prompt}."""
+    cfg = load_config_dict({"data": {**data, "instruction": "Complete this code."}})
+    assert cfg.data.chat_template is False and cfg.data.instruction == "Complete this code."
+    for chat in ({"chat_template": True}, {}):
+        with pytest.raises(ConfigError, match=r"data.instruction: .* must contain \{prompt\}"):
+            load_config_dict({"data": {**chat, "instruction": "Complete this code."}})
+
+
 def test_code_completion_stop_strings():
     assert CODE_COMPLETION_STOP == ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 

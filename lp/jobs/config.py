@@ -171,7 +171,7 @@ class DataSection:
         if self.source == "classeval" and not self.path:
             out.append(f"data.path: {self.path!r} must be the path of ClassEval_data.json when data.source is "
                        f"classeval (from github.com/FudanSELab/ClassEval, data/ClassEval_data.json)")
-        if "{prompt}" not in self.instruction:
+        if self.chat_template and "{prompt}" not in self.instruction:      # the raw modes do not read it
             out.append(f"data.instruction: {short_repr(self.instruction)} must contain {{prompt}} (where the prompt "
                        f"goes)")
         if self.offset < 0:
@@ -348,12 +348,12 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         values, type_problems = check_types(name, cls, section if isinstance(section, dict) else {})
         # a key with a wrong type keeps its default and gets no second line from the range rules
         sections[name] = cls(**{**SECTION_DEFAULTS.get(name, {}), **values})
+        if name == "data" and not (isinstance(section, dict) and "chat_template" in section):
+            sections[name].chat_template = sections[name].source in CODE_SOURCES
         mistyped = {line.split(":", 1)[0] for line in type_problems}
         problems += type_problems
         problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]
-    data, generation = raw.get("data"), raw.get("generation")
-    if not (isinstance(data, dict) and "chat_template" in data):
-        sections["data"].chat_template = sections["data"].source in CODE_SOURCES
+    generation = raw.get("generation")
     if not (isinstance(generation, dict) and "stop" in generation):
         sections["generation"].stop = default_stop(sections["data"])
     if not (isinstance(generation, dict) and "batch_size" in generation):
