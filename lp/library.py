@@ -52,6 +52,7 @@ from typing import Mapping, Sequence
 import torch
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
+from lp.decode.arch import rope_threshold
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
@@ -182,6 +183,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         row = input_ids[b]
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
+    _check_no_shared_rope(model.config, [len(p) for p in prompts], new)
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, ends, None, streamer,
                                          generation.batch_size, seen, row_processor_of(custom), stop_when)]
     longest = max(len(r) for r in rows)
@@ -343,6 +345,22 @@ def _generate_call(depth: int = 8) -> dict:
         frame = frame.f_back
     return {}
 
+
+
+def _check_no_shared_rope(config, lengths: list[int], new: int) -> None:
+    """Refuse a padded batch whose rows generate decodes together where lp decodes each alone. A RoPE
+    that follows the largest position in a forward ("dynamic", "longrope": lp.decode.arch.rope_threshold T)
+    is one RoPE for all of generate's rows: once its longest row reaches position T (its forwards hold
+    positions up to longest + new - 2), a shorter row's ids are no longer those it has alone, which are
+    lp's. Rows of one length share every position and stay exact."""
+    threshold = rope_threshold(config)
+    if threshold is None or len(set(lengths)) < 2 or max(lengths) + new - 2 < threshold:
+        return
+    raise ValueError(f"lp.lookahead decodes each row of a batch on its own; this model's RoPE follows the largest "
+                     f"position of a forward from position {threshold} on, so generate's padded batch (rows of "
+                     f"{min(lengths)} to {max(lengths)} tokens, {new} new) rescales its shorter rows by the "
+                     f"longest one's position, and no row-by-row decoding gives those ids: pass rows of one "
+                     f"length, or one row per call (lp.generate decodes each prompt as generate does alone)")
 
 
 def _check_left_padding(mask: torch.Tensor, pad: int | None = None) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from lp.decode.arch import SLIDING, attention_kinds, windowed
+from lp.decode.arch import SLIDING, attention_kinds, rope_threshold, windowed
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD
 from lp.models import ModelLoadError, load_model
@@ -407,6 +407,43 @@ def test_a_batch_on_a_threshold_rope_model_is_decoded_one_at_a_time(caplog):
                                 GenerationParams(new), batch_size=3))
     assert "one at a time (batch_size 3 -> 1)" in caplog.text
     assert [got[i].token_ids for i in range(3)] == [generate(model, p, new) for p in prompts]
+
+
+def padded_generate(model, rows, new, **kwargs):
+    """generate's new ids for a left-padded batch of `rows` (pad 0, no EOS); its whole output where
+    kwargs ask for a dict."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0,
+                         eos_token_id=None, **kwargs)
+    return out if kwargs.get("return_dict_in_generate") else out[:, width:].tolist()
+
+
+@pytest.mark.parametrize("name", ["llama-dynamic-rope", "llama-longrope"])
+def test_the_drop_in_refuses_a_padded_batch_that_shares_a_threshold_rope(name):
+    """generate's padded batch shares one dynamic or longrope RoPE across its rows: once its longest row
+    reaches the threshold T, a shorter row's ids are not those it has alone (lp's, row by row), so the
+    drop-in refuses such a batch; rows of one length, or a batch that stays below T, are generate's."""
+    import lp
+
+    model, _, _ = position_case(name)
+    threshold = rope_threshold(model.config)
+    short, long = PATTERN[:6], (PATTERN * 16)[:threshold - 4]
+    new = 16                            # the long row's forwards reach threshold - 4 + 14 >= T
+    batch = padded_generate(model, [short, long], new, output_scores=True, return_dict_in_generate=True)
+    alone = model.generate(torch.tensor([short]), do_sample=False, max_new_tokens=new, pad_token_id=0,
+                           eos_token_id=None, output_scores=True, return_dict_in_generate=True)
+    apart = [(b[0] - a[0]).abs().max().item() for b, a in zip(batch.scores, alone.scores)]
+    assert max(apart[:threshold - len(long) + 1]) < 1e-9 < min(apart[-2:])   # why: coupled from T on
+    with pytest.raises(ValueError, match=f"RoPE follows the largest position of a forward from position "
+                                         f"{threshold} on"):
+        padded_generate(model, [short, long], new, custom_generate=lp.lookahead)
+    assert padded_generate(model, [long, long[::-1]], new, custom_generate=lp.lookahead) == \
+        padded_generate(model, [long, long[::-1]], new)                 # one length: every position shared
+    below = threshold - len(long) + 1                                   # the longest forward ends at T - 1
+    assert padded_generate(model, [short, long], below, custom_generate=lp.lookahead) == \
+        padded_generate(model, [short, long], below)
 
 
 def test_lp_two_workers_across_position_thresholds(tmp_path):
