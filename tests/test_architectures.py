@@ -155,6 +155,59 @@ def test_encoder_decoder_is_refused():
         lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
 
 
+OWN_MASKS = {     # found wrong (mpt, gpt_neo) or failing deep in transformers (the others) before their refusal
+    "mpt": lambda: transformers.MptConfig(d_model=32, n_heads=4, n_layers=1, max_seq_len=64, vocab_size=96),
+    "bloom": lambda: transformers.BloomConfig(hidden_size=32, n_head=4, n_layer=1, vocab_size=96),
+    "falcon": lambda: transformers.FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
+                                                alibi=True, vocab_size=96),
+    "gpt_neo": lambda: transformers.GPTNeoConfig(hidden_size=32, num_heads=4, num_layers=2, window_size=8,
+                                                 attention_types=[[["global", "local"], 1]],
+                                                 max_position_embeddings=64, vocab_size=96),
+    "openai-gpt": lambda: transformers.OpenAIGPTConfig(n_embd=32, n_head=4, n_layer=1, n_positions=64, vocab_size=96),
+    "cpmant": lambda: transformers.CpmAntConfig(hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=64,
+                                                num_hidden_layers=1, prompt_length=4, vocab_size=96),
+}
+
+
+@pytest.mark.parametrize("kind", list(OWN_MASKS))
+def test_attention_that_builds_its_own_mask_is_refused(kind):
+    model = transformers.AutoModelForCausalLM.from_config(OWN_MASKS[kind]()).eval()
+    with pytest.raises(ValueError, match=f"{kind} builds its own position bias or causal mask"):
+        lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+
+
+def test_an_encoder_family_is_decoded_only_as_a_decoder():
+    """BERT's causal-LM head attends both ways unless is_decoder is set: refused so (lp's ids differed from
+    generate's at the fourth new token), and generate's ids with is_decoder: true."""
+    config = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128, vocab_size=64,
+                  initializer_range=0.15)
+    both_ways = transformers.AutoModelForCausalLM.from_config(transformers.BertConfig(**config)).eval()
+    with pytest.raises(ValueError, match="bert is configured with bidirectional attention.*is_decoder: true"):
+        lookahead_generate(both_ways, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.BertConfig(**config, is_decoder=True))
+    model = model.double().eval()
+    for prompt in PROMPTS:
+        r = lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+        assert r.token_ids == generate(model, prompt)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "DoryConfig"), reason="no Dory in this transformers")
+def test_dorys_last_loop_cache_is_refused():
+    """Dory's 'last_loop' cache lets earlier loops read the last loop's keys: generate's cached ids are not
+    the model's forward (nor lp's, which were); its default 'per_loop' runs."""
+    config = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1,
+                  n_recurrent_loops=2)
+    last = transformers.AutoModelForCausalLM.from_config(
+        transformers.DoryConfig(**config, recurrent_kv_cache_mode="last_loop")).eval()
+    with pytest.raises(ValueError, match="recurrent_kv_cache_mode 'last_loop'"):
+        lookahead_generate(last, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+    per = transformers.AutoModelForCausalLM.from_config(transformers.DoryConfig(**config)).double().eval()
+    assert lookahead_generate(per, PROMPTS[0], CONFIGS["job"], GenerationParams(8)).token_ids == \
+        generate(per, PROMPTS[0], 8)
+
+
 def test_attention_that_ignores_the_mask_is_refused():
     model = tiny_random("llama")
     model.config._attn_implementation = "flash_attention_2"    # what a user might have loaded

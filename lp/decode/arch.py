@@ -16,8 +16,10 @@ Models with one layer type take one mask; models with several take a mapping fro
 
 Refused (`refusal`): layers with recurrent state (Mamba/SSM, linear attention, short convolutions:
 their state is not per-position K/V, so a round's rejected rows would pollute it), layers sharing
-another layer's K/V, encoder-decoders, bidirectional attention, and attention implementations other
-than SDPA and eager (they ignore an explicit 4-D mask).
+another layer's K/V, encoder-decoders, bidirectional attention (also encoder families' causal-LM heads
+without `is_decoder`), attention that builds its own position bias or causal mask (ALiBi, a mask table,
+virtual tokens, no cache), Dory's 'last_loop' cache, and attention implementations other than SDPA and
+eager (they ignore an explicit 4-D mask).
 """
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ _RULES = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attenti
 RECURRENT_MODEL_TYPES = frozenset({
     "mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "bamba", "zamba", "zamba2",
     "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2", "lfm2_moe", "qwen3_next", "minimax"})
+# families whose attention builds its own position bias or causal mask from query/key lengths or cache
+# slots (ALiBi: mpt, bloom; a fixed causal-mask table: gpt_neo), prepends virtual tokens (cpmant) or keeps
+# no cache (openai-gpt): a round's mask and slot cache cannot reach them (found wrong or failing in float64)
+OWN_MASK_MODEL_TYPES = frozenset({"mpt", "bloom", "gpt_neo", "openai-gpt", "cpmant"})
+# encoder families whose causal-LM head attends causally only with `is_decoder: true` (else both ways)
+DECODER_FLAG_MODEL_TYPES = frozenset({
+    "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
+    "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "xlm-roberta", "xlm-roberta-xl", "xmod"})
 
 
 class LayerAttention(NamedTuple):
@@ -167,8 +177,16 @@ def refusal(model) -> str | None:
     if kind in RECURRENT_MODEL_TYPES:
         return f"{kind} has recurrent-state layers (Mamba/SSM, linear attention or convolutions): their state is " \
                f"not per-position K/V, so a round's rejected rows cannot be dropped; lookahead cannot be exact on it"
-    if getattr(config, "use_bidirectional_attention", False):
-        return f"{kind} is configured with bidirectional attention: lookahead decodes causal LMs"
+    if getattr(config, "use_bidirectional_attention", False) or \
+            (kind in DECODER_FLAG_MODEL_TYPES and not getattr(config, "is_decoder", False)):
+        return f"{kind} is configured with bidirectional attention: lookahead decodes causal LMs" + \
+            (" (set is_decoder: true in its config for causal attention)" if kind in DECODER_FLAG_MODEL_TYPES else "")
+    if kind in OWN_MASK_MODEL_TYPES or getattr(config, "alibi", False):
+        return f"{kind} builds its own position bias or causal mask (ALiBi, a mask table, virtual tokens or no " \
+               f"cache), which a lookahead round's mask and slot cache cannot feed; lookahead cannot be exact on it"
+    if getattr(config, "recurrent_kv_cache_mode", None) == "last_loop":
+        return f"{kind} with recurrent_kv_cache_mode 'last_loop' lets earlier loops read the last loop's cache, so " \
+               f"generate's cached decoding is not the model's forward; lookahead cannot match it ('per_loop' can)"
     if getattr(config, "num_kv_shared_layers", 0) or getattr(config, "kv_sharing_modes", None):
         return f"{kind} shares K/V between layers, which lp's round cache does not model"
     try:
