@@ -448,6 +448,20 @@ def test_drafts_stay_below_position_thresholds(name):
     assert multi >= 1, f"{name}: no round accepted a draft"
 
 
+@pytest.mark.parametrize("name", ["gpt2-table-end", "codegen-table-end"])
+def test_running_past_a_position_table_names_the_limit(name):
+    """Past the end of a learned position table generate fails with a bare IndexError; lp says where and why
+    (a job refuses such a prompt before decoding). One token fewer is generate's ids."""
+    model, prompt, _ = position_case(name)
+    room = 64 - len(prompt) + 1         # the last new token is never fed
+    with pytest.raises(IndexError):
+        generate(model, prompt, room + 1)
+    with pytest.raises(ValueError, match="a request reached position 64, past the model's 64 positions"):
+        lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"], GenerationParams(room + 1))
+    assert lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"], GenerationParams(room)).token_ids == \
+        generate(model, prompt, room)
+
+
 def test_a_batch_on_a_threshold_rope_model_is_decoded_one_at_a_time(caplog):
     """One request past a dynamic RoPE's threshold would rescale every request of a shared forward: the
     batch is decoded one request at a time (a warning says so), each identical to generate."""

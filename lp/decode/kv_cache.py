@@ -35,6 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from lp.decode.arch import position_limit
+
 SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
 COMPILE_MODES = ("off", "default", "reduce-overhead")
 
@@ -348,7 +350,21 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
     if isinstance(cache, RoundCache):       # attention reads as many slots as the mask is wide
         cache.span = next(iter(mask.values())).shape[-1] if isinstance(mask, dict) else mask.shape[-1]
     call = compiled or model
-    with _round_sdpa(input_ids.device):
-        out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, logits_to_keep=logit_rows,
-                   use_cache=True, **_round_kwargs(model, cache))
+    try:
+        with _round_sdpa(input_ids.device):
+            out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                       logits_to_keep=logit_rows, use_cache=True, **_round_kwargs(model, cache))
+    except (IndexError, RuntimeError) as e:
+        raise _past_the_table(model, position_ids) or e
     return out.logits
+
+
+def _past_the_table(model, position_ids: torch.Tensor) -> ValueError | None:
+    """The error to raise, naming the limit, when a forward failed with a row at or past the model's context
+    length (its position table ends there: GPT-2's, CodeGen's), where generate fails as well; None else.
+    Read on the error path only (it syncs)."""
+    limit, last = position_limit(model.config), int(position_ids.max())
+    if limit is None or last < limit:
+        return None
+    return ValueError(f"a request reached position {last}, past the model's {limit} positions "
+                      f"(max_position_embeddings): its prompt and new tokens must fit in them, as generate's must")
