@@ -52,7 +52,7 @@ from typing import Mapping, Sequence
 import torch
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
-from lp.decode.arch import rope_threshold
+from lp.decode.arch import rope_switches_once, rope_threshold
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt
@@ -352,9 +352,13 @@ def _check_no_shared_rope(config, lengths: list[int], new: int) -> None:
     that follows the largest position in a forward ("dynamic", "longrope": lp.decode.arch.rope_threshold T)
     is one RoPE for all of generate's rows: once its longest row reaches position T (its forwards hold
     positions up to longest + new - 2), a shorter row's ids are no longer those it has alone, which are
-    lp's. Rows of one length share every position and stay exact."""
+    lp's. Rows of one length share every position and stay exact, and so does a batch under a RoPE that
+    only switches at T ("longrope") whose rows all start past T (every forward of theirs is on the far side
+    alone too)."""
     threshold = rope_threshold(config)
     if threshold is None or len(set(lengths)) < 2 or max(lengths) + new - 2 < threshold:
+        return
+    if rope_switches_once(config) and min(lengths) > threshold:
         return
     raise ValueError(f"lp.lookahead decodes each row of a batch on its own; this model's RoPE follows the largest "
                      f"position of a forward from position {threshold} on, so generate's padded batch (rows of "

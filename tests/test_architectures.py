@@ -491,7 +491,8 @@ def padded_generate(model, rows, new, **kwargs):
 def test_the_drop_in_refuses_a_padded_batch_that_shares_a_threshold_rope(name):
     """generate's padded batch shares one dynamic or longrope RoPE across its rows: once its longest row
     reaches the threshold T, a shorter row's ids are not those it has alone (lp's, row by row), so the
-    drop-in refuses such a batch; rows of one length, or a batch that stays below T, are generate's."""
+    drop-in refuses such a batch; rows of one length, a batch that stays below T, and under longrope a
+    batch whose rows all start past T are generate's."""
     import lp
 
     model, _, _ = position_case(name)
@@ -511,6 +512,12 @@ def test_the_drop_in_refuses_a_padded_batch_that_shares_a_threshold_rope(name):
     below = threshold - len(long) + 1                                   # the longest forward ends at T - 1
     assert padded_generate(model, [short, long], below, custom_generate=lp.lookahead) == \
         padded_generate(model, [short, long], below)
+    past = [(PATTERN * 16)[:threshold + 1], (PATTERN * 16)[:threshold + 8]]     # both rows start past T
+    if name == "llama-longrope":        # one switch, which both rows alone have made too: generate's ids
+        assert padded_generate(model, past, 6, custom_generate=lp.lookahead) == padded_generate(model, past, 6)
+    else:                               # dynamic: rescaled by the longest row's very position, so refused
+        with pytest.raises(ValueError, match="RoPE follows the largest position"):
+            padded_generate(model, past, 6, custom_generate=lp.lookahead)
 
 
 def test_lp_two_workers_across_position_thresholds(tmp_path):

@@ -124,6 +124,14 @@ def rope_threshold(config) -> int | None:
     return min((t for t in thresholds if t), default=None)
 
 
+def rope_switches_once(config) -> bool:
+    """Whether every RoPE with a threshold (rope_threshold) only switches there between two fixed sets of
+    frequencies ("longrope"), rather than rescaling by the largest position itself ("dynamic")."""
+    config = text_config(config)
+    return all(str(p.get("rope_type", p.get("type", ""))) == "longrope"
+               for p in _rope_types(config) if _rope_switch(config, p))
+
+
 def _rope_switch(config, params: dict) -> int | None:
     """One RoPE parameter set's switch position (see rope_threshold), or None when it has none."""
     kind = str(params.get("rope_type", params.get("type", "")))
