@@ -166,6 +166,12 @@ OWN_MASKS = {     # found wrong (mpt, gpt_neo) or failing deep in transformers (
     "openai-gpt": lambda: transformers.OpenAIGPTConfig(n_embd=32, n_head=4, n_layer=1, n_positions=64, vocab_size=96),
     "cpmant": lambda: transformers.CpmAntConfig(hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=64,
                                                 num_hidden_layers=1, prompt_length=4, vocab_size=96),
+    "xlm": lambda: transformers.XLMConfig(emb_dim=32, n_layers=1, n_heads=4, vocab_size=96, causal=True),
+    "xlnet": lambda: transformers.XLNetConfig(d_model=32, n_layer=1, n_head=4, d_inner=64, vocab_size=96),
+    "reformer": lambda: transformers.ReformerConfig(hidden_size=32, num_attention_heads=2, attention_head_size=16,
+                                                    feed_forward_size=32, is_decoder=True, vocab_size=96,
+                                                    attn_layers=["local"], axial_pos_embds=False,
+                                                    local_attn_chunk_length=4, max_position_embeddings=128),
 }
 
 

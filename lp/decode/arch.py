@@ -33,9 +33,10 @@ RECURRENT_MODEL_TYPES = frozenset({
     "mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "jamba", "bamba", "zamba", "zamba2",
     "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2", "lfm2_moe", "qwen3_next", "minimax"})
 # families whose attention builds its own position bias or causal mask from query/key lengths or cache
-# slots (ALiBi: mpt, bloom; a fixed causal-mask table: gpt_neo), prepends virtual tokens (cpmant) or keeps
-# no cache (openai-gpt): a round's mask and slot cache cannot reach them (found wrong or failing in float64)
-OWN_MASK_MODEL_TYPES = frozenset({"mpt", "bloom", "gpt_neo", "openai-gpt", "cpmant"})
+# slots (ALiBi: mpt, bloom; a fixed causal-mask table: gpt_neo; masks of their own: xlm, xlnet's
+# permutations, reformer's chunks), prepends virtual tokens (cpmant) or keeps no cache (openai-gpt): a
+# round's mask and slot cache cannot reach them (found wrong or failing in float64)
+OWN_MASK_MODEL_TYPES = frozenset({"mpt", "bloom", "gpt_neo", "openai-gpt", "cpmant", "xlm", "xlnet", "reformer"})
 # encoder families whose causal-LM head attends causally only with `is_decoder: true` (else both ways)
 DECODER_FLAG_MODEL_TYPES = frozenset({
     "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
