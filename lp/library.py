@@ -242,7 +242,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
                  no_repeat_ngram_size=no_repeat_ngram_size, bad_words_ids=bad_words_ids,
-                 suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
+                 suppress_tokens=_ids_or_none(suppress_tokens, "generate.suppress_tokens"),
+                 begin_suppress_tokens=_ids_or_none(begin_suppress_tokens, "generate.begin_suppress_tokens"),
                  sequence_bias=bias_entries(sequence_bias or ()),
                  forced_eos_token_id=token_ids(forced_eos_token_id, "generate.forced_eos_token_id"),
                  batch_size=batch_size)
@@ -401,6 +402,11 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
         raise ValueError("lp.lookahead numbers each prompt's tokens from 0 (after left padding): it cannot take "
                          "other position_ids")
 
+
+
+def _ids_or_none(value, name: str) -> tuple[int, ...] | None:
+    """A token-id list option as a tuple (token_ids' forms), None left for the knob's default."""
+    return None if value is None else tuple(token_ids(value, name))
 
 
 def _prompt_list(prompts, tokenizer) -> list[list[int]]:

@@ -528,13 +528,18 @@ def test_generate_refuses_ids_and_stop_strings_of_another_kind(model, key, value
 
 
 def test_generate_takes_generates_forms_of_token_ids(model):
-    """An id, a list, a tuple or a 1-D tensor of ids, numpy's too: the same EOS ids; stop strings in a set."""
+    """An id, a list, a tuple or a 1-D tensor of ids, numpy's too: the same EOS ids, and the same suppressed
+    tokens; stop strings in a set."""
     import numpy as np
 
     out = [lp.generate(model, PROMPTS[0], max_new_tokens=12, eos_token_id=e)[0].token_ids
            for e in (7, [7], (7,), torch.tensor([7]), torch.tensor(7), np.int64(7), np.array([7]), [np.int64(7)],
                      [torch.tensor(7)], range(7, 8))]
     assert all(o == out[0] for o in out)
+    forms = ([14, 30], (14, 30), torch.tensor([14, 30]), np.array([14, 30]), range(14, 31, 16))
+    suppressed = [lp.generate(model, PROMPTS[0], max_new_tokens=12, suppress_tokens=s,
+                              begin_suppress_tokens=s)[0].token_ids for s in forms]
+    assert all(o == suppressed[0] for o in suppressed) and suppressed[0] != out[0]
     tokenizer = TinyTokenizer(98)
     text = lp.generate(model, PROMPTS[0], tokenizer=tokenizer, max_new_tokens=12)[0].text
     stops = [lp.generate(model, PROMPTS[0], tokenizer=tokenizer, max_new_tokens=12, stop_strings=s)[0].text
