@@ -50,6 +50,25 @@ def test_eos_beats_length_on_the_same_token():
     assert c.reason == "eos"
 
 
+class ByteTokenizer:
+    """id -> one byte, decoded as UTF-8 with replacement: a character's bytes may come over several ids."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_waits_for_a_character_split_over_tokens():
+    """While an emoji's four bytes come one id at a time the text ends in U+FFFD; a stop matching that
+    (generate's does not) would end the output on a character that is not there. Settled, it matches."""
+    wave = list("🌊".encode())
+    c = StopChecker([], 100, stop=["\ufffd"], tokenizer=ByteTokenizer())
+    assert feed(c, wave + list(b"ab")) is None and c.text == "🌊ab"
+    c = StopChecker([], 100, stop=["\ufffd"], tokenizer=ByteTokenizer())
+    assert feed(c, wave + [0xFF] + list(b"ab")) == 5 and c.text == "🌊"       # 0xFF never completes
+    c = StopChecker([], 100, stop=["🌊"], tokenizer=ByteTokenizer())
+    assert feed(c, list(b"a") + wave + list(b"b")) == 4 and c.text == "a"
+
+
 def test_stop_strings_need_a_tokenizer():
     with pytest.raises(ValueError, match="tokenizer"):
         StopChecker([], 5, stop=["x"])

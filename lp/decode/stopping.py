@@ -46,7 +46,9 @@ class StopChecker:
     Length: exactly `max_new_tokens` tokens, never one more.
     Stop strings: matched on the decoded text of all generated tokens (continuation_text after `context`,
     the prompt's ids), so a stop string may span token boundaries; the ids keep the token that
-    completed the match and `text` is cut right before the stop string.
+    completed the match and `text` is cut right before the stop string. A match that reaches into the
+    U+FFFD that end the text waits for the next token: they may be a character split over tokens, whose
+    later bytes replace them (a real U+FFFD at the end is matched one token later).
     A caller's `criterion` (the generate drop-in's stopping criteria) sees the output after each token
     and ends it at that token ("stop") when it returns True.
     """
@@ -88,7 +90,9 @@ class StopChecker:
 
     def _find_stop(self) -> int | None:
         text = self._decode()
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        # trailing U+FFFD may be a character whose bytes are still to come: a match reaching into it waits
+        settled = len(text.rstrip("\ufffd"))
+        hits = [i for i, s in ((text.find(s), s) for s in self.stop) if 0 <= i and i + len(s) <= settled]
         if hits:
             self._cut = min(hits)
         return self._cut
