@@ -236,6 +236,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     else:
         raise ValueError(f"generate.stop_strings must be a string or a list of strings; got "
                          f"{short_repr(stop_strings, 60)}")
+    if not all(stop_strings):
+        raise ValueError(f"generate.stop_strings must be non-empty strings; got {list(stop_strings)!r}")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,

@@ -519,11 +519,13 @@ def test_generate_takes_one_stop_string_and_refuses_bad_numbers(model):
 
 @pytest.mark.parametrize("key,value", [("eos_token_id", "12"), ("eos_token_id", True), ("eos_token_id", [2.9]),
                                        ("eos_token_id", 2.0), ("forced_eos_token_id", 2.0),
-                                       ("forced_eos_token_id", "3"), ("stop_strings", 5), ("stop_strings", ["a", 1])])
+                                       ("forced_eos_token_id", "3"), ("stop_strings", 5), ("stop_strings", ["a", 1]),
+                                       ("stop_strings", ""), ("stop_strings", ["a", ""])])
 def test_generate_refuses_ids_and_stop_strings_of_another_kind(model, key, value):
     """A string of digits was read as its characters' ids (eos_token_id="12": EOS ids 1 and 2), a bool or a
-    float as an int, and a float or an int stop string failed in Python's iteration, naming nothing."""
-    with pytest.raises(ValueError, match=rf"generate.{key} must be a "):
+    float as an int, and a float or an int stop string failed in Python's iteration, naming nothing; an
+    empty stop string was refused under the job config's name (generation.stop)."""
+    with pytest.raises(ValueError, match=rf"generate.{key} must be "):
         lp.generate(model, PROMPTS[0], tokenizer=TinyTokenizer(98), max_new_tokens=4, **{key: value})
 
 
