@@ -198,6 +198,28 @@ def test_an_encoder_family_is_decoded_only_as_a_decoder():
         assert r.token_ids == generate(model, prompt)
 
 
+def test_gemma3n_runs_unless_its_layers_share_k_v():
+    """Gemma 3n's later layers may read earlier layers' K/V (num_kv_shared_layers), which lp's cache does not
+    model: refused. Without sharing its config still lists a mode per layer ([None, None]), which was
+    refused as sharing too; it gives generate's ids."""
+    config = dict(vocab_size=64, vocab_size_per_layer_input=64, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+                  layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=16,
+                  altup_num_inputs=2, laurel_rank=8, activation_sparsity_pattern=[0.0, 0.0])
+    shared = {**config, "num_hidden_layers": 4, "layer_types": config["layer_types"] * 2,
+              "activation_sparsity_pattern": [0.0] * 4}
+    sharing = transformers.AutoModelForCausalLM.from_config(
+        transformers.Gemma3nTextConfig(**shared, num_kv_shared_layers=2)).eval()
+    with pytest.raises(ValueError, match="shares K/V between layers"):
+        lookahead_generate(sharing, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.Gemma3nTextConfig(**config, num_kv_shared_layers=0)).double().eval()
+    for prompt in PROMPTS:
+        r = lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+        assert r.token_ids == generate(model, prompt)
+
+
 @pytest.mark.skipif(not hasattr(transformers, "DoryConfig"), reason="no Dory in this transformers")
 def test_dorys_last_loop_cache_is_refused():
     """Dory's 'last_loop' cache lets earlier loops read the last loop's keys: generate's cached ids are not

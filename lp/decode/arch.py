@@ -196,7 +196,7 @@ def refusal(model) -> str | None:
     if getattr(config, "recurrent_kv_cache_mode", None) == "last_loop":
         return f"{kind} with recurrent_kv_cache_mode 'last_loop' lets earlier loops read the last loop's cache, so " \
                f"generate's cached decoding is not the model's forward; lookahead cannot match it ('per_loop' can)"
-    if getattr(config, "num_kv_shared_layers", 0) or getattr(config, "kv_sharing_modes", None):
+    if getattr(config, "num_kv_shared_layers", 0) or any(getattr(config, "kv_sharing_modes", None) or ()):
         return f"{kind} shares K/V between layers, which lp's round cache does not model"
     try:
         attention_kinds(config)
