@@ -490,6 +490,24 @@ def test_running_past_a_position_table_names_the_limit(name):
         generate(model, prompt, room)
 
 
+def test_other_failures_past_the_context_length_keep_their_own_error():
+    """A RoPE model runs past max_position_embeddings (generate too); a failure there that is no index out of
+    range (here an out-of-memory error) is raised as it is, not as a position-table error."""
+    model = tiny_random("llama", dtype=torch.float64, max_position_embeddings=32)
+    prompt = (PATTERN * 5)[:40]
+    assert lookahead_generate(model, prompt, CONFIGS["job"], GenerationParams(8)).token_ids == \
+        generate(model, prompt, 8)
+
+    def boom(module, args, kwargs):
+        raise torch.OutOfMemoryError("out of memory (a test's)")
+    hook = model.model.layers[1].register_forward_pre_hook(boom, with_kwargs=True)
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="a test's"):
+            lookahead_generate(model, prompt, CONFIGS["job"], GenerationParams(8))
+    finally:
+        hook.remove()
+
+
 def test_a_batch_on_a_threshold_rope_model_is_decoded_one_at_a_time(caplog):
     """One request past a dynamic RoPE's threshold would rescale every request of a shared forward: the
     batch is decoded one request at a time (a warning says so), each identical to generate."""

@@ -355,14 +355,18 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
             out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                        logits_to_keep=logit_rows, use_cache=True, **_round_kwargs(model, cache))
     except (IndexError, RuntimeError) as e:
-        raise _past_the_table(model, position_ids) or e
+        raise _past_the_table(model, position_ids, e) or e
     return out.logits
 
 
-def _past_the_table(model, position_ids: torch.Tensor) -> ValueError | None:
-    """The error to raise, naming the limit, when a forward failed with a row at or past the model's context
-    length (its position table ends there: GPT-2's, CodeGen's), where generate fails as well; None else.
-    Read on the error path only (it syncs)."""
+def _past_the_table(model, position_ids: torch.Tensor, error: Exception) -> ValueError | None:
+    """The error to raise, naming the limit, when a forward failed indexing out of range (on the CPU: CUDA
+    reports that as a device-side assert) with a row at or past the model's context length (its position
+    table ends there: GPT-2's, CodeGen's), where generate fails as well; None for any other failure (a RoPE
+    model runs past that length: its errors there are its own). Read on the error path only (it syncs)."""
+    text = str(error)
+    if isinstance(error, torch.OutOfMemoryError) or not ("out of range" in text or "out of bounds" in text):
+        return None
     limit, last = position_limit(model.config), int(position_ids.max())
     if limit is None or last < limit:
         return None
