@@ -490,6 +490,18 @@ def test_running_past_a_position_table_names_the_limit(name):
         generate(model, prompt, room)
 
 
+def test_the_row_budget_measures_inside_a_short_position_table():
+    """The row budget's grid was measured over 256 cached tokens whatever the model: on a 64-position table
+    lp.generate at batch_size 2 failed before decoding anything, blaming the request. It measures over
+    what the table holds, and the batch is generate's."""
+    import lp
+
+    model, _, _ = position_case("gpt2-table-end")
+    prompts = [PATTERN * 2 + [3, 4, 5, 6], PATTERN * 2 + [7, 8, 9, 10, 11]]
+    got = lp.generate(model, prompts, max_new_tokens=20, eos_token_id=None, batch_size=2)
+    assert [r.token_ids for r in got] == [generate(model, p, 20) for p in prompts]
+
+
 def test_other_failures_past_the_context_length_keep_their_own_error():
     """A RoPE model runs past max_position_embeddings (generate too); a failure there that is no index out of
     range (here an out-of-memory error) is raised as it is, not as a position-table error."""

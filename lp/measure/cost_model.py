@@ -313,6 +313,15 @@ def batch_forward_time(curve: Sequence[dict], batch: int, rows: float) -> float:
 CURVE_PREFIX = 256    # cached tokens the row budget's forward-time curve is measured over
 
 
+def curve_prefix(model, rows: int) -> int:
+    """The cached tokens the grid is measured over: CURVE_PREFIX, less where the model's context (a learned
+    position table ends there) would not hold it and a round of `rows` rows after it."""
+    from lp.decode.arch import position_limit
+
+    limit = position_limit(model.config)
+    return CURVE_PREFIX if limit is None else max(0, min(CURVE_PREFIX, limit - rows))
+
+
 def curve_batches(batch_size: int) -> list[int]:
     """The request counts the row budget's grid measures: 1, 4, 16, ... up to the batch size, and
     the batch size. The budget reads the sizes between linearly (batch_forward_time): a forward's
@@ -334,7 +343,7 @@ def row_costs(model, params, batch_size: int, prompts: Sequence[Sequence[int]]) 
 
     most = min(64, round_rows_bound(params, params.width))
     rows = [1 << k for k in range(7) if 1 << k <= 2 * most]
-    curve = batch_curve(model, CURVE_PREFIX, curve_batches(batch_size), rows, repeats=2)
+    curve = batch_curve(model, curve_prefix(model, max(rows)), curve_batches(batch_size), rows, repeats=2)
     return {"curve": curve, "draft_seconds": draft_time(params, list(prompts)[:batch_size])}
 
 
