@@ -511,10 +511,10 @@ def test_other_failures_past_the_context_length_keep_their_own_error():
         generate(model, prompt, 8)
 
     def boom(module, args, kwargs):
-        raise torch.OutOfMemoryError("out of memory (a test's)")
+        raise torch.cuda.OutOfMemoryError("out of memory (a test's)")
     hook = model.model.layers[1].register_forward_pre_hook(boom, with_kwargs=True)
     try:
-        with pytest.raises(torch.OutOfMemoryError, match="a test's"):
+        with pytest.raises(torch.cuda.OutOfMemoryError, match="a test's"):
             lookahead_generate(model, prompt, CONFIGS["job"], GenerationParams(8))
     finally:
         hook.remove()
