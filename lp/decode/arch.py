@@ -116,6 +116,11 @@ def _rope_types(config) -> list[dict]:
     return list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
 
 
+def _rope_kind(params: dict) -> str:
+    """A RoPE parameter set's type ("default", "dynamic", "longrope", ...; older configs say "type")."""
+    return str(params.get("rope_type", params.get("type", "")))
+
+
 def rope_threshold(config) -> int | None:
     """The position T from which the model's RoPE changes every row of a forward whose largest position
     reaches it (transformers' dynamic_rope_update), or None: "longrope" switches to its long factors at
@@ -129,13 +134,12 @@ def rope_switches_once(config) -> bool:
     """Whether every RoPE with a threshold (rope_threshold) only switches there between two fixed sets of
     frequencies ("longrope"), rather than rescaling by the largest position itself ("dynamic")."""
     config = text_config(config)
-    return all(str(p.get("rope_type", p.get("type", ""))) == "longrope"
-               for p in _rope_types(config) if _rope_switch(config, p))
+    return all(_rope_kind(p) == "longrope" for p in _rope_types(config) if _rope_switch(config, p))
 
 
 def _rope_switch(config, params: dict) -> int | None:
     """One RoPE parameter set's switch position (see rope_threshold), or None when it has none."""
-    kind = str(params.get("rope_type", params.get("type", "")))
+    kind = _rope_kind(params)
     if kind == "longrope":
         return (params.get("original_max_position_embeddings")
                 or getattr(config, "original_max_position_embeddings", None))
@@ -149,7 +153,7 @@ def reencode_position(config) -> int | None:
     last committed token is at this position re-feeds every token (None: never)."""
     config = text_config(config)
     if getattr(config, "model_type", None) in REENCODING_MODEL_TYPES and \
-            any(p.get("rope_type", p.get("type")) == "longrope" for p in _rope_types(config)):
+            any(_rope_kind(p) == "longrope" for p in _rope_types(config)):
         return getattr(config, "original_max_position_embeddings", None) or rope_threshold(config)
     return None
 
