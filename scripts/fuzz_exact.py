@@ -8,8 +8,9 @@ and stopping criterion, stop strings, and the entry (lp.generate, or the drop-in
 It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
 batch), greedy, or sampled with generate's own processors and warpers and lp's draws in place of
 torch.multinomial's (`lp_draws`: lp's sampling is exact that way, the same draws give the same tokens);
-and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number
-(`draw_case`), so any failure is replayed with `--case N`.
+and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number and of
+lp.tiny's family list (`draw_case`), so any failure is replayed with `--case N` on the same lp; a family
+added to the list redraws the numbers, so a test that pins a case holds its whole spec.
 
     python scripts/fuzz_exact.py --minutes 10          # cases 0, 1, 2, ... until the time is up
     python scripts/fuzz_exact.py --case 417 -v         # one case, printed in full
