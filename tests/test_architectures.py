@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+from lp.decode import arch
 from lp.decode.arch import SLIDING, attention_kinds, rope_threshold, windowed
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
 from lp.jobs.config import JOB_LOOKAHEAD
@@ -180,6 +181,30 @@ def test_attention_that_builds_its_own_mask_is_refused(kind):
     model = transformers.AutoModelForCausalLM.from_config(OWN_MASKS[kind]()).eval()
     with pytest.raises(ValueError, match=f"{kind} builds its own position bias or causal mask"):
         lookahead_generate(model, [3, 4, 5], LookaheadParams(**JOB_LOOKAHEAD), GenerationParams(4))
+
+
+# decoders whose forward takes no position_ids (found by scripts/arch_sweep.py giving other ids than generate)
+NO_POSITION_IDS = {
+    "bart": lambda: transformers.BartConfig(d_model=64, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+                                            encoder_attention_heads=4, decoder_ffn_dim=128, encoder_ffn_dim=128,
+                                            max_position_embeddings=128, vocab_size=64, init_std=0.15),
+    "trocr": lambda: transformers.TrOCRConfig(d_model=64, decoder_layers=2, decoder_attention_heads=4,
+                                              decoder_ffn_dim=128, max_position_embeddings=128, vocab_size=64,
+                                              init_std=0.15),
+}
+
+
+@pytest.mark.parametrize("kind", list(NO_POSITION_IDS))
+def test_a_decoder_that_takes_no_position_ids_is_refused(kind, monkeypatch):
+    """BART's and TrOCR's decoders number a forward's rows from the cache's length whatever positions lp
+    means: refused, and without the refusal lp's ids are not generate's."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(NO_POSITION_IDS[kind]()).double().eval()
+    run = lambda: lookahead_generate(model, PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+    with pytest.raises(ValueError, match=f"{kind}'s forward takes no position_ids"):
+        run()
+    monkeypatch.setattr(arch, "_numbers_positions_itself", lambda model: False)
+    assert run().token_ids != generate(model, PROMPTS[0])
 
 
 def test_an_encoder_family_is_decoded_only_as_a_decoder():

@@ -18,11 +18,14 @@ Refused (`refusal`): layers with recurrent state (Mamba/SSM, linear attention, s
 their state is not per-position K/V, so a round's rejected rows would pollute it), layers sharing
 another layer's K/V, encoder-decoders, bidirectional attention (also encoder families' causal-LM heads
 without `is_decoder`), attention that builds its own position bias or causal mask (ALiBi, a mask table,
-virtual tokens, no cache), Dory's 'last_loop' cache, and attention implementations other than SDPA and
-eager (they ignore an explicit 4-D mask).
+virtual tokens, no cache), forwards that take no `position_ids` (the decoders of BART-style
+encoder-decoders, Whisper, TrOCR, ...: they number a forward's rows from the cache's length), Dory's
+'last_loop' cache, and attention implementations other than SDPA and eager (they ignore an explicit 4-D
+mask).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, NamedTuple
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
@@ -197,6 +200,10 @@ def refusal(model) -> str | None:
     if kind in OWN_MASK_MODEL_TYPES or getattr(config, "alibi", False):
         return f"{kind} builds its own position bias or causal mask (ALiBi, a mask table, virtual tokens or no " \
                f"cache), which a lookahead round's mask and slot cache cannot feed; lookahead cannot be exact on it"
+    if _numbers_positions_itself(model):
+        return f"{kind}'s forward takes no position_ids: it numbers a forward's rows from the cache's length, so " \
+               f"a round's window and tree rows (several at one position) would get wrong positions; lookahead " \
+               f"cannot be exact on it"
     if getattr(config, "recurrent_kv_cache_mode", None) == "last_loop":
         return f"{kind} with recurrent_kv_cache_mode 'last_loop' lets earlier loops read the last loop's cache, so " \
                f"generate's cached decoding is not the model's forward; lookahead cannot match it ('per_loop' can)"
@@ -211,6 +218,13 @@ def refusal(model) -> str | None:
         return f"{kind} runs attn_implementation {implementation!r}: lookahead rounds need one of " \
                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (an explicit 4-D mask); load it with one of those"
     return None
+
+
+def _numbers_positions_itself(model) -> bool:
+    """A transformers model whose forward takes no `position_ids` (a wrapper's forward is not read)."""
+    from transformers import PreTrainedModel
+    return isinstance(model, PreTrainedModel) and \
+        "position_ids" not in inspect.signature(type(model).forward).parameters
 
 
 def logits_size(model) -> int:
