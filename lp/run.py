@@ -31,6 +31,7 @@ from lp.jobs.data import DataError
 from lp.jobs.results import JobDirError, ResumeRefused
 from lp.jobs.runner import JobError, StartRefused, check_job, run_job
 from lp.jobs.summary import report
+from lp.decode.kv_cache import CompileFailed
 from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
 from lp.messages import one_line
@@ -163,7 +164,7 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except Terminated:
         _fail(f"{_rank_prefix(comm)}terminated (SIGTERM); the results written so far are kept: run the same "
               f"command again to resume", 143)
-    except (DataError, ModelLoadError, JobError, OSError) as e:
+    except (DataError, ModelLoadError, JobError, CompileFailed, OSError) as e:
         _fail(f"{_rank_prefix(comm)}{e}", 1)
     except PeerFailed as e:
         _fail(f"{_rank_prefix(comm)}worker failed: {e}", 1)

@@ -63,3 +63,35 @@ def test_compiled_rounds_keep_every_rows_logits(monkeypatch):
     r = lookahead_generate(model, PROMPT, params, GenerationParams(24), compile_mode="default")
     assert r.token_ids == greedy(model, PROMPT, 24) and max(r.emitted_per_round) > 1
     assert len(shapes) == r.forwards and all(k == q for q, k in shapes), shapes
+
+
+def test_a_forward_that_does_not_compile_is_one_clear_error(tmp_path):
+    """A round forward that torch.compile cannot lower (linears packed for oneDNN) or trace (float64
+    experts in transformers' eager loop, whose shapes depend on the routing) fails in one line that says
+    so and how to decode instead: a ValueError from the library, a job's `error:` line with exit 1."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from lp.decode.kv_cache import CompileFailed
+    from lp.models import use_onednn_linears
+    from lp.run import main
+
+    torch._dynamo.reset()
+    model = tiny_random_llama(vocab=16, seed=1).model
+    assert use_onednn_linears(model)
+    with pytest.raises(CompileFailed, match="could not compile LlamaForCausalLM's round forward .*InductorError.*"
+                                            "decode with compile off"):
+        lookahead_generate(model, PROMPT, LookaheadParams(), GenerationParams(8), compile_mode="default")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"task_id": "a", "prompt": "abcabc"}) + "\n")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": "tiny-random-mixtral?vocab=64&layers=2&seed=0", "dtype": "float64", "compile": "default"},
+        "generation": {"max_new_tokens": 8}, "data": {"source": "jsonl", "path": str(prompts)},
+        "output": {"dir": str(tmp_path / "out")}}))
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 1, result.output
+    assert "error: torch.compile could not compile MixtralForCausalLM's round forward (UserError" in result.output
+    assert "Traceback" not in result.output

@@ -36,6 +36,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from lp.decode.arch import position_limit
+from lp.messages import one_line
 
 SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few distinct shapes per job
 COMPILE_MODES = ("off", "default", "reduce-overhead")
@@ -354,9 +355,20 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
         with _round_sdpa(input_ids.device):
             out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                        logits_to_keep=logit_rows, use_cache=True, **_round_kwargs(model, cache))
+    except torch._dynamo.exc.TorchDynamoException as e:      # tracing or lowering failed (a compiled call)
+        if compiled is None:
+            raise
+        raise CompileFailed(f"torch.compile could not compile {type(model).__name__}'s round forward "
+                            f"({one_line(e, limit=300)}); known cases: linears packed for oneDNN (lp.models' "
+                            f"cpu_linear onednn) and mixture-of-experts layers in transformers' eager expert loop "
+                            f"(float64); decode with compile off") from e
     except (IndexError, RuntimeError) as e:
         raise _past_the_table(model, position_ids, e) or e
     return out.logits
+
+
+class CompileFailed(ValueError):
+    """torch.compile could not trace or lower a model's round forward (a job ends with its one line)."""
 
 
 def _past_the_table(model, position_ids: torch.Tensor, error: Exception) -> ValueError | None:
