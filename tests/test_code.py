@@ -42,6 +42,15 @@ def test_only_the_first_block_and_inline_backticks_are_not_fences():
     assert extract_code("```python\ns = '```'\n```") == "s = '```'"     # a fence is a whole line
 
 
+def test_a_fence_is_indented_by_at_most_three_spaces():
+    """As Markdown reads fences: a docstring's example fence (4 spaces in) is code, not the block's end."""
+    docstring = "def f():\n    '''Example:\n    ```python\n    f()\n    ```\n    '''\n    return 1"
+    assert extract_code(f"```python\n{docstring}\n```") == docstring
+    assert extract_code(f"```python\n{docstring}") == docstring        # cut by the stop, unclosed
+    assert extract_code(f"  ```python\n{CODE}\n   ```\nprose") == CODE  # fences 2 and 3 spaces in
+    assert extract_code(f"```python\n{CODE}\n\t```\n") == f"{CODE}\n\t```"   # a tab is 4 columns
+
+
 def test_the_stop_string_is_the_closing_fence_only():
     (stop,) = CHAT_CODE_STOP
     prefixed = RESPONSE_PREFIX + f"\n{CODE}\n```\nprose"  # the answer opened by the response prefix

@@ -24,8 +24,10 @@ CODE_INSTRUCTION = "Complete the body of the following Python code:\n```python\n
 RESPONSE_PREFIX = "```python"
 CHAT_CODE_STOP = ("\n```",)
 
-_OPENING = re.compile(r"^[ \t]*```[^`\n]*$", re.M)   # ``` with an optional language tag
-_CLOSING = re.compile(r"^[ \t]*```[ \t]*$", re.M)
+# a fence line as Markdown (CommonMark) reads one: at most 3 spaces before it (an indented ``` line, such as
+# one in a docstring's example, is code, not the block's end)
+_OPENING = re.compile(r"^ {0,3}```[^`\n]*$", re.M)   # ``` with an optional language tag
+_CLOSING = re.compile(r"^ {0,3}```[ \t]*$", re.M)
 _IMPORT = re.compile(r"^(?:import|from)[ \t]+\S")
 
 
