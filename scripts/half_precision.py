@@ -88,7 +88,7 @@ def main(config_path, dtype, limit, max_new_tokens, threads, overrides, json_out
             row.update(position=at, note="one output is a prefix of the other")
         rows.append(row)
     same = sum(r["identical"] for r in rows)
-    print(f"{cfg.model.name} in {dtype} on the CPU ({cfg.model.linear_kernels()} linears, "
+    print(f"{cfg.model.name} in {dtype} on the CPU ({loaded.linear_kernels} linears, "
           f"{loaded.model.config._attn_implementation} attention), {len(rows)} prompts of {cfg.data.source}")
     print(f"identical to generate in {dtype}: {same}/{len(rows)} ({same / max(len(rows), 1):.0%})")
     differing = [r for r in rows if not r["identical"]]
