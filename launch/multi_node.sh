@@ -2,7 +2,10 @@
 # Several nodes: run this same command on every node. torchrun's c10d
 # rendezvous (hosted by the process on HEAD_ADDR) assigns the ranks; rank 0
 # (on whichever node gets it) reads the prompts and writes the results, so
-# output.dir must be on that node (or a shared filesystem).
+# output.dir must be on that node (or a shared filesystem). With several LP
+# groups (distributed.lp_size below the world size) every group's leader
+# reads the prompts and writes into output.dir: then it must be one shared
+# directory (docs/distributed.md, "Multi-node").
 #   NNODES=2 NPROC=8 HEAD_ADDR=node0 JOB_ID=lp-42 launch/multi_node.sh --config configs/X.yaml
 set -euo pipefail
 : "${NNODES:?number of nodes}" "${HEAD_ADDR:?host name or address of the rendezvous node}"
