@@ -23,4 +23,5 @@ EOF
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/test_batch.py tests/test_prefix.py tests/test_architectures.py tests/test_exactness.py \
     tests/test_round_ops.py tests/test_syncs.py tests/test_library.py tests/test_batch_jobs.py tests/test_processors.py \
-    tests/test_baseline.py tests/test_sampling.py::test_warpers_are_generates tests/test_fuzz_exact.py
+    tests/test_baseline.py tests/test_sampling.py::test_warpers_are_generates tests/test_fuzz_exact.py \
+    tests/test_arch_sweep.py
