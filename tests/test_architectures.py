@@ -207,6 +207,45 @@ def test_a_decoder_that_takes_no_position_ids_is_refused(kind, monkeypatch):
     assert run().token_ids != generate(model, PROMPTS[0])
 
 
+BIDIRECTIONAL_BEFORE_CONFIGS = {     # the models of arch.BIDIRECTIONAL_BEFORE, small
+    "megatron-bert": lambda: transformers.MegatronBertConfig(is_decoder=True),
+    "rembert": lambda: transformers.RemBertConfig(is_decoder=True, input_embedding_size=64),
+    "big_bird": lambda: transformers.BigBirdConfig(is_decoder=True, attention_type="original_full"),
+    "doge": lambda: transformers.DogeConfig(num_key_value_heads=2, keep_window_size=2048),
+}
+
+
+@pytest.mark.parametrize("kind", list(BIDIRECTIONAL_BEFORE_CONFIGS))
+def test_a_model_that_attends_both_ways_in_this_transformers_is_refused(kind, monkeypatch):
+    """On transformers 5.17 these forwards over several tokens attend both ways, so lp's causal rounds gave
+    other ids than generate: refused there, naming the version that fixed them; from 5.18 on, generate's
+    ids and lp's are the causal forward's. Runs on either end of the declared range."""
+    sizes = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128, vocab_size=64,
+                 initializer_range=0.15, max_position_embeddings=128)
+    config = BIDIRECTIONAL_BEFORE_CONFIGS[kind]()
+    config.update(sizes)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    run = lambda prompt: lookahead_generate(model, prompt, CONFIGS["window+lookup+tree"],
+                                            GenerationParams(NEW)).token_ids
+    if arch._transformers_before(arch.BIDIRECTIONAL_BEFORE[kind]):
+        with pytest.raises(ValueError, match=f"{kind} attends both ways .* use transformers >= 5.18"):
+            run(PROMPTS[0])
+        monkeypatch.setitem(arch.BIDIRECTIONAL_BEFORE, kind, "0")
+        assert any(run(prompt) != generate(model, prompt) for prompt in PROMPTS)
+    else:
+        for prompt in PROMPTS:
+            want = generate(model, prompt)
+            assert want == full_forward_greedy(model, prompt, NEW) and run(prompt) == want
+
+
+def test_the_version_gate_reads_the_installed_transformers(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    assert arch._transformers_before("5.18") and not arch._transformers_before(None)
+    monkeypatch.setattr(transformers, "__version__", "5.18.0")
+    assert not arch._transformers_before("5.18")
+
+
 def test_an_encoder_family_is_decoded_only_as_a_decoder():
     """BERT's causal-LM head attends both ways unless is_decoder is set: refused so (lp's ids differed from
     generate's at the fourth new token), and generate's ids with is_decoder: true."""

@@ -17,7 +17,7 @@ Models with one layer type take one mask; models with several take a mapping fro
 Refused (`refusal`): layers with recurrent state (Mamba/SSM, linear attention, short convolutions:
 their state is not per-position K/V, so a round's rejected rows would pollute it), layers sharing
 another layer's K/V, encoder-decoders, bidirectional attention (also encoder families' causal-LM heads
-without `is_decoder`), attention that builds its own position bias or causal mask (ALiBi, a mask table,
+without `is_decoder`, and the types in BIDIRECTIONAL_BEFORE on older transformers), attention that builds its own position bias or causal mask (ALiBi, a mask table,
 virtual tokens, no cache), forwards that take no `position_ids` (the decoders of BART-style
 encoder-decoders, Whisper, TrOCR, ...: they number a forward's rows from the cache's length), Dory's
 'last_loop' cache, and attention implementations other than SDPA and eager (they ignore an explicit 4-D
@@ -40,6 +40,10 @@ RECURRENT_MODEL_TYPES = frozenset({
 # permutations, reformer's chunks), prepends virtual tokens (cpmant) or keeps no cache (openai-gpt): a
 # round's mask and slot cache cannot reach them (found wrong or failing in float64)
 OWN_MASK_MODEL_TYPES = frozenset({"mpt", "bloom", "gpt_neo", "openai-gpt", "cpmant", "xlm", "xlnet", "reformer"})
+# model types whose forward over several tokens attends both ways in transformers before the version given
+# (their model built no causal mask, or dropped it: fixed there), so generate's ids are not a causal LM's and
+# no lookahead round can match them (found by scripts/arch_sweep.py on 5.17)
+BIDIRECTIONAL_BEFORE = {"big_bird": "5.18", "megatron-bert": "5.18", "rembert": "5.18", "doge": "5.18"}
 # encoder families whose causal-LM head attends causally only with `is_decoder: true` (else both ways)
 DECODER_FLAG_MODEL_TYPES = frozenset({
     "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
@@ -197,6 +201,11 @@ def refusal(model) -> str | None:
             (kind in DECODER_FLAG_MODEL_TYPES and not getattr(config, "is_decoder", False)):
         return f"{kind} is configured with bidirectional attention: lookahead decodes causal LMs" + \
             (" (set is_decoder: true in its config for causal attention)" if kind in DECODER_FLAG_MODEL_TYPES else "")
+    if _transformers_before(BIDIRECTIONAL_BEFORE.get(kind)):
+        import transformers
+        return f"{kind} attends both ways in a forward of several tokens in transformers {transformers.__version__} " \
+               f"(a causal mask came in {BIDIRECTIONAL_BEFORE[kind]}), so generate's ids there are not a causal " \
+               f"LM's and lookahead cannot match them; use transformers >= {BIDIRECTIONAL_BEFORE[kind]}"
     if kind in OWN_MASK_MODEL_TYPES or getattr(config, "alibi", False):
         return f"{kind} builds its own position bias or causal mask (ALiBi, a mask table, virtual tokens or no " \
                f"cache), which a lookahead round's mask and slot cache cannot feed; lookahead cannot be exact on it"
@@ -218,6 +227,15 @@ def refusal(model) -> str | None:
         return f"{kind} runs attn_implementation {implementation!r}: lookahead rounds need one of " \
                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (an explicit 4-D mask); load it with one of those"
     return None
+
+
+def _transformers_before(version: str | None) -> bool:
+    """Whether the installed transformers is older than `version` (False for None)."""
+    if version is None:
+        return False
+    import transformers
+    from packaging.version import Version
+    return Version(transformers.__version__) < Version(version)
 
 
 def _numbers_positions_itself(model) -> bool:
