@@ -5,13 +5,17 @@ this sweeps the rest of transformers' causal-LM auto mapping with one generic re
 type's own class at small sizes (`SMALL`, each key set only where the class has it; `OVERRIDES`: the few
 keys some types need to build at those sizes or to run as decoders), 2 layers, random float64 weights
 at std 1.2/sqrt(hidden) as lp.tiny draws them, four prompts (the last one runs to the end of a 128-position
-table), each decoded with lp.generate under two lookahead settings and compared with
-`model.generate(do_sample=False)` on the same model. Verdicts:
+table), each decoded with lp.generate under two lookahead settings, then all four in one batched call,
+and compared with `model.generate(do_sample=False)` on the same model; and the drop-in on a left-padded
+batch of the first three against `generate` on that batch. Verdicts:
 
     exact           every token of every prompt equal to generate's
     refused         lp refuses the model before decoding (lp.decode.arch.refusal: one line naming why)
     WRONG           lp's ids differ from generate's
     LP-ERROR        lp raised (or hung) where generate decoded
+(where generate's left-padded batch gives other ids than a row alone, as transformers' eager attention with
+a sliding window does on 5.17, the drop-in is held to the row alone, as docs/library.md says it decodes,
+and the type's line notes it)
     no model        the small config does not build (transformers' own checks, or past the child's 8 GiB
                     address space), or the type is composite (vision, audio, ... sub-configs: its text
                     model is swept under its own type where transformers has one): no verdict
@@ -155,8 +159,24 @@ def stage(name: str) -> None:
     print(f"STAGE {name}", flush=True)
 
 
+def _compared(got: list[int], want: list[int]) -> dict:
+    first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if first is None and len(got) != len(want):
+        first = min(len(got), len(want))
+    return dict(equal=True) if first is None else dict(equal=False, first_difference=first, lp=got, generate=want)
+
+
+def _left_padded(rows: list[list[int]]):
+    import torch
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    return ids, torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+
+
 def sweep_one(model_type: str) -> dict:
-    """The verdict on `model_type`, with each prompt's outcome under `details`."""
+    """The verdict on `model_type`, with each decode's outcome under `details`: every prompt alone under
+    each of SETTINGS, all of them in one batched call (`batch`, the tree setting), and the drop-in on a
+    left-padded batch of the first three against generate on that batch (`drop-in`)."""
     import torch
     import lp
     from lp.decode.arch import position_limit, refusal, text_config
@@ -169,27 +189,51 @@ def sweep_one(model_type: str) -> dict:
     why = refusal(model)
     if why is not None:
         return dict(type=model_type, verdict="refused", why=why)
-    details = []
-    for i, prompt in enumerate(prompts(text_config(model.config).vocab_size or 512, position_limit(model.config))):
+    plain = dict(do_sample=False, max_new_tokens=NEW, pad_token_id=0, eos_token_id=None)
+    details, wants, notes = [], {}, []
+    rows = prompts(text_config(model.config).vocab_size or 512, position_limit(model.config))
+    for i, prompt in enumerate(rows):
         x = torch.tensor([prompt])
         try:
-            want = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW,
-                                  pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+            wants[i] = model.generate(x, attention_mask=torch.ones_like(x), **plain)[0, len(prompt):].tolist()
         except Exception as e:
             details.append(dict(prompt=i, generate_error=f"{type(e).__name__}: {str(e)[:200]}"))
-            continue
-        for name, keys in SETTINGS.items():
-            try:
-                got = lp.generate(model, [prompt], max_new_tokens=NEW, **keys)[0].token_ids
-            except Exception as e:
-                details.append(dict(prompt=i, setting=name, lp_error=f"{type(e).__name__}: {str(e)[:200]}",
-                                    where=traceback.format_exc().strip().splitlines()[-3].strip()))
-                continue
-            first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
-            if first is None and len(got) != len(want):
-                first = min(len(got), len(want))
-            details.append(dict(prompt=i, setting=name, equal=first is None, **({} if first is None else
-                                dict(first_difference=first, lp=got, generate=want))))
+
+    def attempt(setting: str, indices: list[int], decode) -> None:
+        """`decode()` -> each index's ids (want: generate's per index, or from the decode's second value)."""
+        try:
+            got, want = decode()
+        except Exception as e:
+            details.append(dict(prompt=indices, setting=setting, lp_error=f"{type(e).__name__}: {str(e)[:200]}",
+                                where=traceback.format_exc().strip().splitlines()[-3].strip()))
+            return
+        for i, g, w in zip(indices, got, want):
+            details.append(dict(prompt=i, setting=setting, **_compared(g, w)))
+
+    for name, keys in SETTINGS.items():
+        for i in wants:
+            attempt(name, [i], lambda: ([lp.generate(model, [rows[i]], max_new_tokens=NEW, **keys)[0].token_ids],
+                                        [wants[i]]))
+    done = list(wants)
+    if len(done) > 1:
+        attempt("batch", done, lambda: ([r.token_ids for r in lp.generate(
+            model, [rows[i] for i in done], max_new_tokens=NEW, batch_size=len(done), **SETTINGS["tree"])],
+            [wants[i] for i in done]))
+    padded = [i for i in done if i < 3]
+    if len(padded) > 1:
+        ids, mask = _left_padded([rows[i] for i in padded])
+        try:
+            want = model.generate(ids, attention_mask=mask, **plain)[:, ids.shape[1]:].tolist()
+        except Exception as e:
+            details.append(dict(prompt=padded, setting="drop-in", generate_error=f"{type(e).__name__}: {str(e)[:200]}"))
+        else:       # where generate's padded row is not its row alone (transformers'), the drop-in gives the latter
+            alone = [i for i, w in zip(padded, want) if w != wants[i]]
+            if alone:
+                notes.append(f"generate's left-padded batch gives other ids than each row alone for prompts {alone} "
+                             f"(transformers'); the drop-in is compared with the rows alone there")
+            attempt("drop-in", padded, lambda: (model.generate(ids, attention_mask=mask, custom_generate=lp.lookahead,
+                                                               **plain, **SETTINGS["tree"])[:, ids.shape[1]:].tolist(),
+                                                [wants[i] if i in alone else w for i, w in zip(padded, want)]))
     if any("lp_error" in d for d in details):
         verdict = "LP-ERROR"
     elif any(d.get("equal") is False for d in details):
@@ -202,7 +246,7 @@ def sweep_one(model_type: str) -> dict:
                 f"{d['first_difference']}" for d in details if "lp_error" in d or d.get("equal") is False), "")
     if verdict == "generate fails":
         why = details[0]["generate_error"]
-    return dict(type=model_type, verdict=verdict, why=why, details=details)
+    return dict(type=model_type, verdict=verdict, why=why or "; ".join(notes), details=details, notes=notes)
 
 
 def run_child(model_type: str, timeout: float) -> dict:

@@ -1,6 +1,7 @@
 """scripts/arch_sweep.py: the causal-LM types lp.tiny does not build, each decoded against generate in float64.
 A few types in the default suite (an exact one, a refused one, through the child process and the command
 line); a wrong decode, an error and a hang in lp are reported as failures; the whole sweep under -m slow."""
+import functools
 import json
 import subprocess
 import sys
@@ -23,12 +24,15 @@ def test_the_sweep_covers_what_the_matrix_does_not():
 def test_an_exact_type_and_a_refused_one():
     exact = arch_sweep.sweep_one("olmo")
     assert exact["verdict"] == "exact"
-    assert len(exact["details"]) == 2 * 4 and all(d["equal"] for d in exact["details"])
+    assert all(d["equal"] for d in exact["details"])
+    assert sorted((d["setting"], d["prompt"]) for d in exact["details"]) == sorted(
+        [(s, i) for s in ("default", "tree", "batch") for i in range(4)] + [("drop-in", i) for i in range(3)])
     refused = arch_sweep.sweep_one("mpt")
     assert refused["verdict"] == "refused" and "mpt" in refused["why"]
 
 
 def test_a_wrong_decode_and_an_lp_error_are_failures(monkeypatch):
+    """lp.generate made wrong at one token, or failing; and the drop-in made wrong."""
     import lp
     real = lp.generate
 
@@ -45,6 +49,18 @@ def test_a_wrong_decode_and_an_lp_error_are_failures(monkeypatch):
     monkeypatch.setattr(lp, "generate", fails)
     error = arch_sweep.sweep_one("olmo")
     assert error["verdict"] == "LP-ERROR" and "mask of the wrong shape" in error["why"]
+
+    monkeypatch.setattr(lp, "generate", real)
+    lookahead = lp.lookahead
+
+    @functools.wraps(lookahead)         # generate reads its signature for the lookahead keys
+    def drop_in_off_by_one(model, *args, **kwargs):
+        out = lookahead(model, *args, **kwargs)
+        out[1, -1] = (out[1, -1] + 1) % 512
+        return out
+    monkeypatch.setattr(lp, "lookahead", drop_in_off_by_one)
+    wrong = arch_sweep.sweep_one("olmo")
+    assert wrong["verdict"] == "WRONG" and "prompt 1 (drop-in): first difference at new token 39" in wrong["why"]
 
 
 @pytest.mark.parametrize("printed,verdict", [("STAGE build\n", "no model"), ("STAGE build\nSTAGE decode\n", "LP-ERROR")])
