@@ -17,11 +17,12 @@ Models with one layer type take one mask; models with several take a mapping fro
 Refused (`refusal`): layers with recurrent state (Mamba/SSM, linear attention, short convolutions:
 their state is not per-position K/V, so a round's rejected rows would pollute it), layers sharing
 another layer's K/V, encoder-decoders, bidirectional attention (also encoder families' causal-LM heads
-without `is_decoder`, and the types in BIDIRECTIONAL_BEFORE on older transformers), attention that builds its own position bias or causal mask (ALiBi, a mask table,
-virtual tokens, no cache), forwards that take no `position_ids` (the decoders of BART-style
-encoder-decoders, Whisper, TrOCR, ...: they number a forward's rows from the cache's length), Dory's
-'last_loop' cache, and attention implementations other than SDPA and eager (they ignore an explicit 4-D
-mask).
+without `is_decoder`, and the types of BIDIRECTIONAL_BEFORE on older transformers), attention that
+builds its own position bias or causal mask (ALiBi, a mask table, virtual tokens, no cache), forwards
+that take no `position_ids` (the decoders of BART-style encoder-decoders, Whisper, TrOCR, ...: they
+number a forward's rows from the cache's length; read off the class's signature, which the sweep and
+the matrix would catch moving), Dory's 'last_loop' cache, and attention implementations other than SDPA
+and eager (they ignore an explicit 4-D mask).
 """
 from __future__ import annotations
 
