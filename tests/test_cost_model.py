@@ -141,20 +141,41 @@ def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
     (["--curve", "{missing}"], "--curve: cannot read {missing}: No such file or directory"),
     (["--curve", "{bad}"], "--curve: cannot read {bad}: Expecting"),
     (["--curve", "{curve}", "--summary", "{missing}"], "--summary: cannot read {missing}"),
-    (["--curve", "{curve}", "--compression", "0", "--rows", "8", "--tokens", "9"], "--compression: must be > 0"),
+    (["--curve", "{curve}", "--compression", "0", "--rows", "8", "--tokens", "9"],
+     "--compression: 0.0 must be a finite number >= 1"),
+    (["--curve", "{curve}", "--compression", "inf", "--rows", "0.5", "--tokens", "9", "--host-ms", "-1"],
+     "--compression: inf must be a finite number >= 1; --rows: 0.5 must be a finite number >= 1; "
+     "--host-ms: -1.0 must be a finite number >= 0"),
+    (["--curve", "{curve}", "--compression", "2", "--rows", "8", "--tokens", "9", "--verify-ms", "-0.1",
+      "--gather-ms", "nan"], "--verify-ms: -0.1 must be a finite number >= 0; --gather-ms: nan must be"),
+    (["--curve", "{strings}", "--compression", "2", "--rows", "8", "--tokens", "9"],
+     "--curve: {strings} holds points whose rows and seconds are not numbers >= 0: [{{'rows': 'x'"),
     (["--curve", "{curve}", "--compression", "2", "--rows", "8", "--tokens", "9", "--world", "0"],
      "--world: 0 must be >= 1"),
 ])
 def test_cost_model_command_errors_are_one_line(tmp_path, capsys, args, message):
-    """Unreadable files, a zero figure (it read as missing) and no workers: argparse's one-line error, exit 2."""
+    """Unreadable files, figures that are no S, R or time (0, inf, NaN, below 1 row, negative), a curve of
+    no numbers, and no workers: argparse's one-line error, exit 2."""
     import json
 
-    paths = {"missing": tmp_path / "none.json", "bad": tmp_path / "bad.json", "curve": tmp_path / "curve.json"}
+    paths = {"missing": tmp_path / "none.json", "bad": tmp_path / "bad.json", "curve": tmp_path / "curve.json",
+             "strings": tmp_path / "strings.json"}
     paths["bad"].write_text("{")
     paths["curve"].write_text(json.dumps(line(0.02, 0.00001)))
+    paths["strings"].write_text(json.dumps([{"rows": "x", "seconds": 1.0}, {"rows": 2, "seconds": 1.0}]))
     with pytest.raises(SystemExit) as exit_:
         cm.main([a.format(**paths) for a in args])
     assert exit_.value.code == 2 and message.format(**paths) in capsys.readouterr().err
+
+
+def test_a_row_count_measured_twice_reads_its_least_time():
+    """A curve that holds one row count twice (two measurements merged) interpolates, not divides by 0."""
+    curve = [{"rows": 1, "seconds": 0.010}, {"rows": 8, "seconds": 0.030}, {"rows": 8, "seconds": 0.020},
+             {"rows": 16, "seconds": 0.040}]
+    assert cm.monotone([(p["rows"], p["seconds"]) for p in curve]) == [(1, 0.010), (8, 0.020), (16, 0.040)]
+    assert cm.forward_time(curve, 8) == pytest.approx(0.020)
+    assert cm.forward_time(curve, 12) == pytest.approx(0.030) and cm.forward_time(curve, 4) == pytest.approx(
+        0.010 + 0.010 * 3 / 7)
 
 
 def test_batched_forward_time_reads_between_measured_batch_sizes():

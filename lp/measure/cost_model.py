@@ -81,7 +81,10 @@ def monotone(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]
     out, low = [], float("inf")
     for x, y in sorted(points, reverse=True):
         low = min(low, y)
-        out.append((x, low))
+        if out and out[-1][0] == x:     # the same row count measured twice: its least time
+            out[-1] = (x, low)
+        else:
+            out.append((x, low))
     return out[::-1]
 
 
@@ -527,6 +530,10 @@ def _curve_worker(rank, cfg, prefix, rows_list, repeats, threads, barrier, queue
         queue.put(curve)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """python -m lp.measure.cost_model --curve FILE [--summary summary.json] [--world 8] ...: the
     projected round time, per-request latency and job throughput of every dp x lp split."""
@@ -556,6 +563,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     curve = find_curve(read("--curve", a.curve))
     if not curve:
         ap.error(f"--curve: no forward curve in {a.curve}")
+    bad = [p for p in curve if not all(_is_number(p[k]) and p[k] >= 0 for k in ("rows", "seconds"))]
+    if bad:
+        ap.error(f"--curve: {a.curve} holds points whose rows and seconds are not numbers >= 0: {bad[:3]}")
     s = read("--summary", a.summary) if a.summary else {}
     if not isinstance(s, dict):
         ap.error(f"--summary: {a.summary} is not a job's summary.json")
@@ -572,9 +582,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = [k for k, v in figures.items() if v is None]
     if missing:
         ap.error(f"give --summary or --{' --'.join(missing)}")
-    wrong = [k for k in ("compression", "rows", "tokens") if not figures[k] > 0]
+    # S and R are at least 1 (a round emits a token and feeds a row), the times finite and >= 0
+    values = {**figures, "verify_ms": a.verify_ms, "gather_ms": a.gather_ms}
+    rules = {"compression": ">= 1", "rows": ">= 1", "tokens": "> 0", "host_ms": ">= 0", "verify_ms": ">= 0",
+             "gather_ms": ">= 0"}
+    holds = {">= 1": lambda v: v >= 1, "> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
+    wrong = [k for k, rule in rules.items()
+             if not (_is_number(values[k]) and math.isfinite(values[k]) and holds[rule](values[k]))]
     if wrong:
-        ap.error(f"--{' --'.join(wrong)}: must be > 0 (got {', '.join(str(figures[k]) for k in wrong)})")
+        ap.error("; ".join(f"--{k.replace('_', '-')}: {values[k]!r} must be a finite number {rules[k]}"
+                           for k in wrong))
     rows = project_splits(curve, a.world, figures["compression"], figures["rows"], figures["tokens"],
                           figures["host_ms"] / 1000, a.verify_ms / 1000, a.gather_ms / 1000)
     print(f"{a.world} workers, S = {figures['compression']:.3f}, {figures['rows']:.1f} rows/round on one worker, "
