@@ -347,10 +347,10 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
         raise click.ClickException(str(e))
     if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
         raise click.UsageError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
-    limit = position_limit(loaded.model.config)
+    positions = position_limit(loaded.model.config)
     prompts = []
     for p in selected:        # what a job would record as an error is left out of the comparison
-        ids, error = encode_prompt(p, loaded, cfg, limit)
+        ids, error = encode_prompt(p, loaded, cfg, positions)
         if error is None:
             prompts.append({"task_id": p.task_id, "ids": ids})
         else:
@@ -446,7 +446,7 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
                    f"transformers generate, p50 {ratios['lp_lookahead_p50_over_base_p50'][job]:.2f}x its B={base} p50")
 
     if json_path:
-        report = dict(config=config_path, overrides=list(overrides), limit=limit, model=loaded.name,
+        report = dict(config=config_path, overrides=list(overrides), limit=cfg.data.limit, model=loaded.name,
                       dtype=cfg.model.dtype, device=str(loaded.model.device), linear_kernels=loaded.linear_kernels,
                       data=cfg.data.source, chat=cfg.data.chat_template, prompts=n,
                       task_ids=[p["task_id"] for p in prompts], max_new_tokens=cfg.generation.max_new_tokens,

@@ -23,6 +23,7 @@ def test_bench_batch_on_the_default_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["prompts"] == 2 and report["max_new_tokens"] == 16 and report["reference"] == "generate 1"
+    assert report["limit"] == 2        # the --limit given (once the model's position count)
     systems = {s["system"]: s for s in report["systems"]}
     lp = ["lp no drafts 1", "lp no drafts 2", "lp lookahead 1", "lp lookahead 2"]
     cb = [] if report["transformers_cb_error"] else ["transformers CB 1", "transformers CB 2"]
