@@ -59,7 +59,10 @@ def main(contexts: str, max_new_tokens: int, repeats: int, threads: int) -> None
     model, tok = loaded.model, loaded.tokenizer
     section = yaml.safe_load((ROOT / "configs" / "humaneval-smollm2.yaml").read_text())["lookahead"]
     params = LookaheadParams(**{k: v for k, v in section.items() if k in LookaheadParams.__dataclass_fields__})
-    gen = GenerationParams(max_new_tokens)
+    # both decode max_new_tokens tokens with EOS suppressed until then (generate's min_new_tokens on its EOS ids)
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    gen = GenerationParams(max_new_tokens, min_new_tokens=max_new_tokens)
     click.echo(f"{'context':>8} {'generate tok/s':>15} {'lp tok/s':>9} {'ratio':>6} {'S':>5} {'same':>5}")
     for length in lengths:
         ids = context(tok, length)
@@ -73,7 +76,7 @@ def main(contexts: str, max_new_tokens: int, repeats: int, threads: int) -> None
                                      pad_token_id=tok.eos_token_id)[0, length:].tolist()
             plain.append(len(out) / (time.perf_counter() - t))
             t = time.perf_counter()
-            r = lookahead_generate(model, ids, params, gen)
+            r = lookahead_generate(model, ids, params, gen, eos_token_ids=eos)
             ours.append(r.new_tokens / (time.perf_counter() - t))
         a, b = statistics.median(plain), statistics.median(ours)
         click.echo(f"{length:>8} {a:>15.2f} {b:>9.2f} {b / a:>6.2f} {r.compression:>5.2f} "
