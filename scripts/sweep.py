@@ -12,21 +12,30 @@ A sweep file is
       lookahead.window: [7, 15]           # any section.key of a job config
     output: runs/sweeps/NAME              # optional; --output wins; default runs/sweeps/<file stem>
 
+Any other top-level key, a grid key output.dir (the sweep sets each point's) and a value listed twice in
+one grid list are refused (exit 2, one line), as are two points that would get the same name.
 Each point's job config is written to DIR/points/<point>.yaml with output.dir DIR/points/<point>, and run
 as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --config ... --quiet`
 (PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A
-finished point (its summary.json counts a decoded prompt) is skipped (a rerun does no work); a point that
+finished point (its summary.json counts a decoded prompt) is skipped (a rerun does no work). A point
+directory holding results made with another job config than the sweep's now (points/<point>.yaml, every key
+but output.dir) refuses the whole sweep up front (exit 2, naming the point and the keys, as lp.run refuses
+such a resume): use another --output or remove that point's directory. A point that
 fails is recorded as failed with its error and the sweep goes on; one that runs past --timeout is stopped
 with its whole process group (torchrun and its workers). DIR/sweep.csv gets one row per point, and DIR holds
 speedup_vs_world_size.png, compression_vs_rows.png, tokens_per_second_vs_world_size.png and
 latency_vs_throughput.png (per-request latency p50, with p95, against job tokens/s over the wall time:
 one point per (world_size, lp_size) split). A point whose lp_size does not divide its world size is
 recorded as failed with lp.run's own message. The latency/throughput table is printed at the end.
+sweep.csv's prompts and job_prompts are the summary's (all prompts; those the run that wrote it decoded): a
+point resumed after an interrupted sweep has job_prompts < prompts, and its wall_seconds,
+job_prompts_per_second and job_tokens_per_second (that run's alone) are left empty, with a warning.
 
 Cost model (lp/measure/cost_model.py): the model's forward-time curve is measured once per model and world size
 (rows 1..512, prefix = the point's mean prompt length plus half its mean output, the engine's masked
 forward, one CPU thread like each rank; on a CPU by P processes side by side, since P ranks share its cores),
-and one all_gather per world size; both are cached under DIR/cost/. The projected
+and one all_gather per world size; both are cached under DIR/cost/, as is the verification time (per model,
+device, window, ngram, guesses and max rows per round). The projected
 per-round time t_fwd(max rows per rank) + t_verify + t_gather(P) + host ms is printed beside the measured one
 (decode_seconds / rounds) and both go into sweep.csv. The all_gather is measured among lp_size
 processes (an LP group), the curve with world_size processes side by side (all of them share the CPU).
@@ -57,6 +66,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench_util import exit_on_term_and_hangup, seconds  # noqa: E402
+from lp.messages import one_line  # noqa: E402
 from lp.processes import stop_tree  # noqa: E402
 from lp.jobs.config import ConfigError, environment_problems, load_config_dict, yaml_text  # noqa: E402
 
@@ -66,8 +76,12 @@ SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", 
                   "wall_seconds", "job_prompts_per_second", "job_tokens_per_second", "latency_p50_s",
                   "latency_p95_s", "latency_max_s")
 SPECIAL = ("world_size", "lp_size")     # grid keys that are not a section.key
+TOP_KEYS = ("base", "grid", "output")    # the keys of a sweep file
 COST_FIELDS = ("measured_round_ms", "projected_round_ms", "projection_error", "projected_forward_ms",
                "verify_ms", "collective_ms", "projected_speedup")
+# a job's figures over the wall time of the run that wrote its summary (lp.jobs.summary.job_figures): of a
+# resumed point, only the prompts that run decoded
+RUN_FIELDS = ("wall_seconds", "job_prompts_per_second", "job_tokens_per_second")
 PLOTS = ("speedup_vs_world_size.png", "compression_vs_rows.png", "tokens_per_second_vs_world_size.png",
          "latency_vs_throughput.png")
 
@@ -83,17 +97,27 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
     """(base job mapping, grid, output dir from the file or None)."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise SweepError(f"cannot read sweep file {path}: {e}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SweepError(f"cannot read sweep file {path}: {one_line(e, named=False)}") from None
     if not isinstance(raw, dict) or "grid" not in raw:
         raise SweepError(f"{path}: a sweep file is a mapping with `base:` and `grid:`")
+    unknown = [str(k) for k in raw if k not in TOP_KEYS]
+    if unknown:
+        raise SweepError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))} (a sweep file has {', '.join(TOP_KEYS)})")
+    output = raw.get("output")
+    if output is not None and (not isinstance(output, str) or not output.strip()):
+        raise SweepError(f"{path}: output must be a directory path (a string); got {output!r}")
     base = raw.get("base") or {}
     if isinstance(base, str):
         candidates = [Path(base), path.parent / base, ROOT / base]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             raise SweepError(f"{path}: base job config {base!r} not found")
-        base = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+        try:
+            base = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise SweepError(f"{path}: cannot read base job config {found}: {one_line(e, named=False)}") from None
     if not isinstance(base, dict):
         raise SweepError(f"{path}: base must be a job config path or a job mapping")
     grid = raw["grid"]
@@ -105,11 +129,24 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
             raise SweepError(f"{path}: grid.{key} is an empty list")
         if key not in SPECIAL and len(key.split(".")) != 2:
             raise SweepError(f"{path}: grid key {key!r} must be world_size, lp_size or section.key")
+        if key == "output.dir":
+            raise SweepError(f"{path}: grid key 'output.dir' cannot be swept: the sweep sets each point's "
+                             f"output.dir (DIR/points/<point>)")
+        seen: set[str] = set()
+        twice = [v for v in values if _canonical(v) in seen or seen.add(_canonical(v))]
+        if twice:
+            raise SweepError(f"{path}: grid.{key} lists {', '.join(map(repr, twice))} more than once "
+                             f"(each value is one point)")
     wrong = [v for v in grid.get("world_size", []) if not isinstance(v, int) or isinstance(v, bool)]
     if wrong:
         raise SweepError(f"{path}: grid.world_size values must be integers (workers per point); got "
                          f"{', '.join(map(repr, wrong))}")
-    return base, grid, raw.get("output")
+    return base, grid, output
+
+
+def _canonical(value) -> str:
+    """A grid value as its YAML type and value (1, 1.0 and true are three values; [1] and [1] one)."""
+    return json.dumps(value, sort_keys=True, default=repr)
 
 
 def points(grid: dict[str, list]) -> list[dict]:
@@ -140,6 +177,78 @@ def point_config(base: dict, point: dict, out_dir: Path) -> dict:
     raw.setdefault("output", {})
     raw["output"]["dir"] = str(out_dir)
     return raw
+
+
+def plan(base: dict, grid: dict[str, list], out: Path) -> list[tuple[str, dict, dict]]:
+    """(name, point, job mapping) of every point; SweepError where two points would share a name (and so
+    a directory: the second would take the first's results for its own)."""
+    planned = []
+    for point in points(grid):
+        name = point_name(point)
+        planned.append((name, point, point_config(base, point, out / "points" / name)))
+    names = [name for name, _, _ in planned]
+    same = sorted({n for n in names if names.count(n) > 1})
+    if same:
+        raise SweepError(f"points {', '.join(same)} would share a directory: two grid values (or keys) give "
+                         f"the same point name; rename them")
+    return planned
+
+
+def changed_points(planned: list[tuple[str, dict, dict]], out: Path) -> list[str]:
+    """`<point> (key: old -> new; ...)` for every point whose directory holds results (a summary or
+    records) made with a job config other than the one the sweep would run now: a finished one would be
+    skipped, its old figures taken for the new config's."""
+    found = []
+    for name, _, raw in planned:
+        point_dir = Path(raw["output"]["dir"])
+        if not ((point_dir / "summary.json").is_file() or any(point_dir.glob("results*.jsonl"))):
+            continue
+        recorded = next((p for p in (out / "points" / f"{name}.yaml", point_dir / "config.yaml") if p.is_file()),
+                        None)
+        if recorded is None:
+            continue
+        try:
+            old = yaml.safe_load(recorded.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            found.append(f"{name} ({recorded} cannot be read: {one_line(e, named=False)})")
+            continue
+        changes = config_changes(old, raw)
+        if changes:
+            found.append(f"{name} ({'; '.join(changes)})")
+    return found
+
+
+def config_changes(old, new: dict) -> list[str]:
+    """`section.key: old -> new` for every key but output.dir (the sweep's own) whose value differs: of
+    the checked configs (defaults filled in) where both are valid, else of the mappings as written."""
+    from lp.jobs.config import differences
+
+    try:
+        return differences(load_config_dict(copy.deepcopy(old)), load_config_dict(copy.deepcopy(new)),
+                           ignore=("output.dir",))
+    except ConfigError:
+        pass
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in dict.fromkeys([*a, *b])
+            if k != "output.dir" and a.get(k, _UNSET) != b.get(k, _UNSET)]
+
+
+_UNSET = object()
+
+
+def _flat(raw) -> dict:
+    if not isinstance(raw, dict):
+        return {"<top level>": raw}
+    raw = dict(raw)
+    if isinstance(raw.get("baseline"), bool):
+        raw["baseline"] = {"enabled": raw["baseline"]}
+    flat = {}
+    for section, body in raw.items():
+        if isinstance(body, dict):
+            flat.update({f"{section}.{k}": v for k, v in body.items()})
+        else:
+            flat[str(section)] = body
+    return flat
 
 
 # ---- running one point ----------------------------------------------------------------------------------------
@@ -204,6 +313,13 @@ def finished(point_dir: Path) -> bool:
     return isinstance(summary, dict) and summary.get("errors", 0) < summary.get("prompts", 0)
 
 
+def resumed(summary: dict) -> bool:
+    """Whether the run that wrote the summary decoded only some of its prompts (the others kept from an
+    earlier, interrupted run)."""
+    ran, total = summary.get("job_prompts"), summary.get("prompts")
+    return isinstance(ran, int) and isinstance(total, int) and ran < total
+
+
 def last_error_line(stderr: str) -> str | None:
     """The worker's own error line when there is one (torchrun prints its report after it)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -261,10 +377,15 @@ def cost_figures(row: dict, raw: dict, summary: dict, out: Path) -> dict:
             lambda: {"seconds": cost_model.measure_collective(lp, numel, backend=backend, cfg=cfg, prefix=prefix,
                                                               rows=rows, candidates=candidates)})["seconds"]
     la = cfg.lookahead
-    verify_s = cached(out / "cost" / f"verify-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json",
-                      lambda: {"seconds": cost_model.measure_verify(
-                          la.window, la.ngram, la.guesses, round(summary.get("max_rows_per_round") or 1),
-                          _vocab(cfg), cost_model._job_device(cfg))})["seconds"]
+    max_rows = round(summary.get("max_rows_per_round") or 1)
+    device = str(cost_model._job_device(cfg))
+    # every input of measure_verify: the tree (W, N, G), the rows, the vocabulary (the model's) and device
+    vkey = json.dumps([cfg.model.name, device, la.window, la.ngram, la.guesses, max_rows])
+    verify_s = cached(out / "cost" / f"verify-{hashlib.sha1(vkey.encode()).hexdigest()[:10]}.json",
+                      lambda: {"model": cfg.model.name, "device": device, "window": la.window, "ngram": la.ngram,
+                               "guesses": la.guesses, "rows": max_rows,
+                               "seconds": cost_model.measure_verify(la.window, la.ngram, la.guesses, max_rows,
+                                                                    _vocab(cfg), device)})["seconds"]
     figures = cost_model.project(summary, curve, collective_s, verify_s)
     figures["curve"], figures["verify_s"] = curve, verify_s      # for the splits projection (not in the CSV)
     measured = figures["measured_round_ms"]
@@ -369,11 +490,12 @@ def latency_table(rows: list[dict]) -> str:
     lines = ["point                      dp x lp     S  rows/round  wall s  prompts/s  tokens/s  latency p50 s  p95 s  "
              "max s"]
     for r in rows:
-        if r["status"] != "ok" or r.get("wall_seconds") is None:
+        if r["status"] != "ok":
             continue
         f = lambda key, width, digits: (f"{r[key]:>{width}.{digits}f}" if r.get(key) is not None  # noqa: E731
                                         else f"{'-':>{width}}")
-        lines.append(f"{r['point']:<26} {r['dp_size']:>2} x {r['lp_size']:<2} {f('compression', 5, 2)} "
+        dp_size, lp_size = _fmt(r.get("dp_size")) or "-", _fmt(r.get("lp_size")) or "-"
+        lines.append(f"{r['point']:<26} {dp_size:>2} x {lp_size:<2} {f('compression', 5, 2)} "
                      f"{f('rows_per_round', 11, 1)} {f('wall_seconds', 6, 2)} "
                      f"{f('job_prompts_per_second', 10, 2)} {f('job_tokens_per_second', 9, 1)} "
                      f"{f('latency_p50_s', 14, 3)} {f('latency_p95_s', 6, 3)} {f('latency_max_s', 6, 3)}")
@@ -423,15 +545,25 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
         raise SystemExit(2)
     out = Path(output or file_output or Path("runs/sweeps") / config_path.stem)
     try:
+        all_points = plan(base, grid, out)
+    except SweepError as e:
+        click.echo(f"error: {config_path}: {e}", err=True)
+        raise SystemExit(2)
+    changed = changed_points(all_points, out)
+    if changed:     # as lp.run refuses to resume a job directory with another config (ResumeRefused)
+        several = len(changed) > 1
+        which = "those points' directories" if several else "that point's directory"
+        click.echo(f"error: {out} holds results made with a different job config for point{'s' * several} "
+                   f"{'; '.join(changed)}; use another --output directory or remove {which} under "
+                   f"{out / 'points'}", err=True)
+        raise SystemExit(2)
+    try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         click.echo(f"error: sweep directory {out} cannot be used: {e.strerror or e}", err=True)
         raise SystemExit(1)
     rows, start = [], time.perf_counter()
-    all_points = points(grid)
-    for i, point in enumerate(all_points, 1):
-        name = point_name(point)
-        raw = point_config(base, point, out / "points" / name)
+    for i, (name, point, raw) in enumerate(all_points, 1):
         t0 = time.perf_counter()
         status, error, skipped = run_point(name, point, raw, out, timeout_s)
         row = {**point, "point": name, "status": status, "error": error}
@@ -443,13 +575,21 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
         if status == "ok":
             summary = json.loads((Path(raw["output"]["dir"]) / "summary.json").read_text(encoding="utf-8"))
             row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
+            row.update(prompts=summary.get("prompts"), job_prompts=summary.get("job_prompts"))
+            if resumed(summary):     # this run's wall time and throughput cover only the prompts it decoded
+                row.update(dict.fromkeys(RUN_FIELDS))
+                click.echo(f"  warning: {name} was resumed: its last run decoded {summary['job_prompts']} of "
+                           f"{summary['prompts']} prompts, so its wall time and job prompts/s and tokens/s are "
+                           f"not the point's; left empty (remove {Path(raw['output']['dir'])} and rerun to "
+                           f"measure them)")
             if not no_cost_model:
                 try:
                     row.update(cost_figures(row, raw, summary, out))
                 except Exception as e:  # noqa: BLE001  (the sweep's figures stand without the model)
                     click.echo(f"  cost model failed: {type(e).__name__}: {e}", err=True)
         rows.append(row)
-    fields = list(dict.fromkeys([*grid, "point", "status", "error", *SUMMARY_FIELDS, *COST_FIELDS]))
+    fields = list(dict.fromkeys([*grid, "point", "status", "error", *SUMMARY_FIELDS, "prompts", "job_prompts",
+                                 *COST_FIELDS]))
     with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

@@ -1,6 +1,8 @@
 """scripts/sweep.py: a two-point CPU sweep (P = 1 and 2, tiny model), its CSV, plots and cost model
 figures; a rerun does no work; a failing point is recorded and the others still run (and stays failed
-on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused."""
+on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused; a rerun whose job
+config changed is refused; a resumed point's partial-run throughput is left empty; the verify time is
+cached per W, N, G and rows; a bad sweep file is refused in one line."""
 import csv
 import json
 import signal
@@ -184,14 +186,9 @@ def running_under(directory: Path) -> list[str]:
 def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
     """With several lp_size values the speedup and tokens/s plots label each split's line (they drew
     P2_L1 and P2_L2 as one unlabelled line)."""
-    import importlib.util
-
     import matplotlib.axes
 
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))       # its bench_util, as running the script finds it
-    spec = importlib.util.spec_from_file_location("sweep_script", ROOT / "scripts" / "sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script(monkeypatch)
     labels = []
     real = matplotlib.axes.Axes.plot
     monkeypatch.setattr(matplotlib.axes.Axes, "plot",
@@ -299,3 +296,107 @@ def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     time.sleep(1)
     assert running_under(out / "points") == []
+
+
+def _script(monkeypatch):
+    """scripts/sweep.py as a module (its bench_util found as running the script finds it)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("sweep_script", ROOT / "scripts" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_sweep_file(tmp, spec: dict, out) -> subprocess.CompletedProcess:
+    path = tmp / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", str(path), "--output",
+                           str(out), "--no-cost-model"], capture_output=True, text=True, timeout=600, cwd=tmp)
+
+
+@pytest.fixture(scope="module")
+def one_point(tmp_path_factory):
+    """A finished one-point sweep (P1: two prompts), to copy and change."""
+    tmp = tmp_path_factory.mktemp("one")
+    out, _, rows = sweep(tmp, {"world_size": [1]}, "--no-cost-model")
+    assert [r["status"] for r in rows] == ["ok"]
+    return out
+
+
+def test_a_rerun_with_a_changed_job_config_is_refused(tmp_path, one_point):
+    """A finished point whose job config changed since was skipped, its old figures reported as the new
+    config's: the sweep is refused up front (exit 2, one line naming the point and the keys), as lp.run
+    refuses to resume a job directory with another config."""
+    import shutil
+
+    out = shutil.copytree(one_point, tmp_path / "out")
+    summary = (out / "points" / "P1" / "summary.json").read_text()
+    proc = run_sweep_file(tmp_path, {"base": {**BASE, "generation": {"max_new_tokens": 8, "stop": []}},
+                                     "grid": {"world_size": [1]}}, out)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "P1 (generation.max_new_tokens: 16 -> 8)" in proc.stderr and "another --output" in proc.stderr
+    assert "skip" not in proc.stdout and (out / "points" / "P1" / "summary.json").read_text() == summary
+
+
+def test_a_resumed_point_reports_no_partial_throughput(tmp_path, one_point):
+    """A point interrupted mid-job and resumed by a rerun: its summary's wall time and job throughput cover
+    only the prompts the resumed run decoded, so the CSV leaves them empty (with prompts and job_prompts
+    beside them) and the sweep says why; the whole-job figures (S, latency) stay."""
+    import shutil
+
+    out = shutil.copytree(one_point, tmp_path / "out")
+    point = out / "points" / "P1"
+    (point / "summary.json").unlink()          # as a sweep stopped before the job's end leaves it
+    results = point / "results.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])
+    _, stdout, rows = sweep(tmp_path, {"world_size": [1]}, "--no-cost-model")
+    (row,) = rows
+    assert row["status"] == "ok" and (row["prompts"], row["job_prompts"]) == ("2", "1")
+    assert json.loads((point / "summary.json").read_text())["job_tokens_per_second"] > 0
+    assert row["wall_seconds"] == row["job_prompts_per_second"] == row["job_tokens_per_second"] == ""
+    assert float(row["compression"]) >= 1 and float(row["latency_p50_s"]) > 0
+    assert "warning: P1 was resumed: its last run decoded 1 of 2 prompts" in stdout
+
+
+def test_the_verify_time_is_cached_per_window_ngram_guesses_and_rows(tmp_path, monkeypatch):
+    """measure_verify depends on W, N, G and the rows (and the model's vocabulary and device): two points
+    that differ in the window measure it apart (they shared one figure, keyed by model and world alone)."""
+    from lp.measure import cost_model
+
+    module = _script(monkeypatch)
+    calls = []
+    monkeypatch.setattr(cost_model, "measure_job_curve", lambda cfg, prefix, concurrent: [[1, 0.001]])
+    monkeypatch.setattr(cost_model, "measure_verify", lambda *a: calls.append(a[:4]) or 1e-4 * a[0])
+    monkeypatch.setattr(cost_model, "project", lambda *a: {"measured_round_ms": 1.0, "projected_round_ms": 1.0})
+    monkeypatch.setattr(module, "_vocab", lambda cfg: 64)
+    summary = {"world_size": 1, "lp_size": 1, "max_rows_per_round": 20}
+    figures = {}
+    for window, guesses, rows in ((3, 4, 20), (7, 4, 20), (3, 2, 20), (3, 4, 40), (3, 4, 20)):
+        base = {**BASE, "lookahead": {"window": window, "ngram": 4, "guesses": guesses}}
+        raw = module.point_config(base, {"world_size": 1}, tmp_path / "points" / "P1")
+        figures[window, guesses, rows] = module.cost_figures(
+            {}, raw, {**summary, "max_rows_per_round": rows}, tmp_path)["verify_s"]
+    assert calls == [(3, 4, 4, 20), (7, 4, 4, 20), (3, 4, 2, 20), (3, 4, 4, 40)]    # the last one cached
+    assert figures[7, 4, 20] == pytest.approx(7e-4) and figures[3, 4, 20] == pytest.approx(3e-4)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"base": "base.yaml"}, "cannot read base job config"),
+    ({"output": 5}, "output must be a directory path (a string); got 5"),
+    ({"outptu": "x"}, "unknown key 'outptu' (a sweep file has base, grid, output)"),
+    ({"grid": {"output.dir": ["x"]}}, "grid key 'output.dir' cannot be swept"),
+    ({"grid": {"world_size": [1, 1]}}, "grid.world_size lists 1 more than once"),
+    ({"grid": {"data.path": ["a b.jsonl", "a_b.jsonl"]}}, "points path-a_b.jsonl would share a directory"),
+], ids=["base-not-yaml", "output-not-a-string", "unknown-key", "output-dir-in-grid", "duplicate-value",
+        "same-point-name"])
+def test_a_bad_sweep_file_is_refused_in_one_line(tmp_path, spec, message):
+    """Each was a traceback, or ran ignoring the key (a typo'd `outptu:`, a grid's output.dir), or ran a
+    point twice (two identical CSV rows) or two points in one directory."""
+    (tmp_path / "base.yaml").write_text("model: {name: [unclosed\n")
+    proc = run_sweep_file(tmp_path, {"base": BASE, "grid": {"world_size": [1]}, **spec}, tmp_path / "out")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stdout + proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
