@@ -26,12 +26,12 @@ from typing import NoReturn
 import click
 import torch
 
+from lp.decode.kv_cache import CompileFailed, out_of_memory
 from lp.jobs.config import ConfigError, environment_problems, load_config
 from lp.jobs.data import DataError
 from lp.jobs.results import JobDirError, ResumeRefused
 from lp.jobs.runner import JobError, StartRefused, check_job, run_job
 from lp.jobs.summary import report
-from lp.decode.kv_cache import CompileFailed
 from lp.models import ModelLoadError
 from lp.jobs.handout import store_prefix
 from lp.messages import one_line
@@ -169,7 +169,7 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except PeerFailed as e:
         _fail(f"{_rank_prefix(comm)}worker failed: {e}", 1)
     except Exception as e:  # noqa: BLE001  (a dead peer or a collective timeout ends every rank)
-        if _out_of_memory(e):
+        if out_of_memory(e):
             _fail(f"{_rank_prefix(comm)}out of memory ({one_line(e)}); the results written so far are kept: "
                   f"lower generation.batch_size, generation.max_new_tokens or the lookahead sizes (window, guesses, "
                   f"...) and run again to resume", 1)
@@ -178,10 +178,6 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
         _fail(f"{_rank_prefix(comm)}worker failed: {one_line(e)}", 1)
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """A failed allocation: torch's (CUDA, or the CPU allocator's RuntimeError) or Python's."""
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
 
 
 if __name__ == "__main__":

@@ -59,9 +59,7 @@ def main(contexts: str, max_new_tokens: int, repeats: int, threads: int) -> None
     model, tok = loaded.model, loaded.tokenizer
     section = yaml.safe_load((ROOT / "configs" / "humaneval-smollm2.yaml").read_text())["lookahead"]
     params = LookaheadParams(**{k: v for k, v in section.items() if k in LookaheadParams.__dataclass_fields__})
-    # both decode max_new_tokens tokens with EOS suppressed until then (generate's min_new_tokens on its EOS ids)
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = loaded.eos_token_ids      # both decode max_new_tokens tokens, EOS suppressed (generate's min_new_tokens)
     gen = GenerationParams(max_new_tokens, min_new_tokens=max_new_tokens)
     click.echo(f"{'context':>8} {'generate tok/s':>15} {'lp tok/s':>9} {'ratio':>6} {'S':>5} {'same':>5}")
     for length in lengths:

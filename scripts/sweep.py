@@ -19,8 +19,9 @@ as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --
 (PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A
 finished point (its summary.json counts a decoded prompt) is skipped (a rerun does no work). A point
 directory holding results made with another job config than the sweep's now (points/<point>.yaml, every key
-but output.dir) refuses the whole sweep up front (exit 2, naming the point and the keys, as lp.run refuses
-such a resume): use another --output or remove that point's directory. A point that
+but FIGURE_NEUTRAL_KEYS: where results go, evaluation, the timeout, the prompt file's path) refuses the whole
+sweep up front (exit 2, naming the point and the keys): its figures are the old config's. Use another
+--output or remove that point's directory. A point that
 fails is recorded as failed with its error and the sweep goes on; one that runs past --timeout is stopped
 with its whole process group (torchrun and its workers). DIR/sweep.csv gets one row per point, and DIR holds
 speedup_vs_world_size.png, compression_vs_rows.png, tokens_per_second_vs_world_size.png and
@@ -68,7 +69,8 @@ if str(ROOT) not in sys.path:
 from bench_util import exit_on_term_and_hangup, seconds  # noqa: E402
 from lp.messages import one_line  # noqa: E402
 from lp.processes import stop_tree  # noqa: E402
-from lp.jobs.config import ConfigError, environment_problems, load_config_dict, yaml_text  # noqa: E402
+from lp.jobs.config import (ConfigError, baseline_section, differences, environment_problems,  # noqa: E402
+                             load_config_dict, yaml_text)
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
                   "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
@@ -165,8 +167,8 @@ def point_name(point: dict) -> str:
 
 def point_config(base: dict, point: dict, out_dir: Path) -> dict:
     raw = copy.deepcopy(base)
-    if isinstance(raw.get("baseline"), bool):
-        raw["baseline"] = {"enabled": raw["baseline"]}
+    if "baseline" in raw:
+        raw["baseline"] = baseline_section(raw["baseline"])
     for key, value in point.items():
         if key == "world_size":
             continue
@@ -218,37 +220,25 @@ def changed_points(planned: list[tuple[str, dict, dict]], out: Path) -> list[str
     return found
 
 
+# keys whose change leaves a finished point's figures as they are: where results go, evaluation, the
+# collectives' timeout and where the prompt file lies (lp.run's resume also lets data.limit/offset,
+# lp_size and the backend change, since it recomputes the summary; a skipped point does not)
+FIGURE_NEUTRAL_KEYS = ("output.dir", "output.evaluate", "output.evaluate_timeout_s", "distributed.timeout_s",
+                       "data.path")
+
+
 def config_changes(old, new: dict) -> list[str]:
-    """`section.key: old -> new` for every key but output.dir (the sweep's own) whose value differs: of
-    the checked configs (defaults filled in) where both are valid, else of the mappings as written."""
-    from lp.jobs.config import differences
-
+    """`section.key: old -> new` for every key but FIGURE_NEUTRAL_KEYS whose value differs between the
+    checked configs; none when the new one is not valid (its point fails with lp.run's own message)."""
     try:
-        return differences(load_config_dict(copy.deepcopy(old)), load_config_dict(copy.deepcopy(new)),
-                           ignore=("output.dir",))
+        current = load_config_dict(copy.deepcopy(new))
     except ConfigError:
-        pass
-    a, b = _flat(old), _flat(new)
-    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in dict.fromkeys([*a, *b])
-            if k != "output.dir" and a.get(k, _UNSET) != b.get(k, _UNSET)]
-
-
-_UNSET = object()
-
-
-def _flat(raw) -> dict:
-    if not isinstance(raw, dict):
-        return {"<top level>": raw}
-    raw = dict(raw)
-    if isinstance(raw.get("baseline"), bool):
-        raw["baseline"] = {"enabled": raw["baseline"]}
-    flat = {}
-    for section, body in raw.items():
-        if isinstance(body, dict):
-            flat.update({f"{section}.{k}": v for k, v in body.items()})
-        else:
-            flat[str(section)] = body
-    return flat
+        return []
+    try:
+        recorded = load_config_dict(copy.deepcopy(old))
+    except ConfigError as e:
+        return [f"the recorded config is not a valid job config now: {e.problems[0]}"]
+    return differences(recorded, current, ignore=FIGURE_NEUTRAL_KEYS)
 
 
 # ---- running one point ----------------------------------------------------------------------------------------
@@ -550,7 +540,7 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
         click.echo(f"error: {config_path}: {e}", err=True)
         raise SystemExit(2)
     changed = changed_points(all_points, out)
-    if changed:     # as lp.run refuses to resume a job directory with another config (ResumeRefused)
+    if changed:     # a skipped point would report the old config's figures as the new one's
         several = len(changed) > 1
         which = "those points' directories" if several else "that point's directory"
         click.echo(f"error: {out} holds results made with a different job config for point{'s' * several} "

@@ -246,6 +246,23 @@ def test_the_version_gate_reads_the_installed_transformers(monkeypatch):
     assert not arch._transformers_before("5.18")
 
 
+def test_a_users_pass_through_subclass_is_read_as_its_transformers_class(models):
+    """The position_ids check reads transformers' own forward in the class's MRO: a subclass whose forward
+    passes `*args, **kwargs` through is still llama (generate's ids), one of BART's decoder still refused."""
+    def subclass(model):
+        class Mine(type(model)):
+            def forward(self, *args, **kwargs):
+                return super().forward(*args, **kwargs)
+        model.__class__ = Mine
+        return model
+    model = subclass(tiny_random("llama", dtype=torch.float64))
+    assert arch.refusal(model) is None
+    run = lookahead_generate(model, PROMPTS[0], CONFIGS["window+lookup+tree"], GenerationParams(NEW))
+    assert run.token_ids == generate(model, PROMPTS[0])
+    bart = subclass(transformers.AutoModelForCausalLM.from_config(NO_POSITION_IDS["bart"]()))
+    assert "bart's forward takes no position_ids" in arch.refusal(bart)
+
+
 def test_an_encoder_family_is_decoded_only_as_a_decoder():
     """BERT's causal-LM head attends both ways unless is_decoder is set: refused so (lp's ids differed from
     generate's at the fourth new token), and generate's ids with is_decoder: true."""

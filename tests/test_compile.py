@@ -82,7 +82,7 @@ def test_a_forward_that_does_not_compile_is_one_clear_error(tmp_path):
     model = tiny_random_llama(vocab=16, seed=1).model
     assert use_onednn_linears(model)
     with pytest.raises(CompileFailed, match="could not compile LlamaForCausalLM's round forward .*InductorError.*"
-                                            "decode with compile off"):
+                                            r"decode without compiling \(model.compile: off"):
         lookahead_generate(model, PROMPT, LookaheadParams(), GenerationParams(8), compile_mode="default")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"task_id": "a", "prompt": "abcabc"}) + "\n")

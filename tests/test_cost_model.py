@@ -149,7 +149,8 @@ def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
     (["--curve", "{curve}", "--compression", "2", "--rows", "8", "--tokens", "9", "--verify-ms", "-0.1",
       "--gather-ms", "nan"], "--verify-ms: -0.1 must be a finite number >= 0; --gather-ms: nan must be"),
     (["--curve", "{strings}", "--compression", "2", "--rows", "8", "--tokens", "9"],
-     "--curve: {strings} holds points whose rows and seconds are not numbers >= 0: [{{'rows': 'x'"),
+     "--curve: {strings} holds points whose rows and seconds are not finite numbers >= 0: [{{'rows': 'x'"),
+    (["--curve", "{curve}", "--summary", "{summary}"], "--compression (from --summary): 0.5 must be a finite number"),
     (["--curve", "{curve}", "--compression", "2", "--rows", "8", "--tokens", "9", "--world", "0"],
      "--world: 0 must be >= 1"),
 ])
@@ -163,6 +164,9 @@ def test_cost_model_command_errors_are_one_line(tmp_path, capsys, args, message)
     paths["bad"].write_text("{")
     paths["curve"].write_text(json.dumps(line(0.02, 0.00001)))
     paths["strings"].write_text(json.dumps([{"rows": "x", "seconds": 1.0}, {"rows": 2, "seconds": 1.0}]))
+    paths["summary"] = tmp_path / "summary.json"
+    paths["summary"].write_text(json.dumps({"compression": 0.5, "rows_per_round": 8, "prompts": 1, "errors": 0,
+                                            "new_tokens": 9}))
     with pytest.raises(SystemExit) as exit_:
         cm.main([a.format(**paths) for a in args])
     assert exit_.value.code == 2 and message.format(**paths) in capsys.readouterr().err

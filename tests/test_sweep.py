@@ -327,8 +327,8 @@ def one_point(tmp_path_factory):
 
 def test_a_rerun_with_a_changed_job_config_is_refused(tmp_path, one_point):
     """A finished point whose job config changed since was skipped, its old figures reported as the new
-    config's: the sweep is refused up front (exit 2, one line naming the point and the keys), as lp.run
-    refuses to resume a job directory with another config."""
+    config's: the sweep is refused up front (exit 2, one line naming the point and the keys); a change that
+    leaves the figures as they are (the collectives' timeout) still skips it."""
     import shutil
 
     out = shutil.copytree(one_point, tmp_path / "out")
@@ -339,6 +339,9 @@ def test_a_rerun_with_a_changed_job_config_is_refused(tmp_path, one_point):
     assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "P1 (generation.max_new_tokens: 16 -> 8)" in proc.stderr and "another --output" in proc.stderr
     assert "skip" not in proc.stdout and (out / "points" / "P1" / "summary.json").read_text() == summary
+    proc = run_sweep_file(tmp_path, {"base": {**BASE, "distributed": {"backend": "gloo", "timeout_s": 90}},
+                                     "grid": {"world_size": [1]}}, out)
+    assert proc.returncode == 0 and "skip (finished)" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_resumed_point_reports_no_partial_throughput(tmp_path, one_point):

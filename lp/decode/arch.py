@@ -240,10 +240,17 @@ def _transformers_before(version: str | None) -> bool:
 
 
 def _numbers_positions_itself(model) -> bool:
-    """A transformers model whose forward takes no `position_ids` (a wrapper's forward is not read)."""
+    """A transformers model whose forward takes no `position_ids`: read off the forward of transformers'
+    own class in its MRO (a user's subclass may pass everything through `*args, **kwargs`)."""
     from transformers import PreTrainedModel
-    return isinstance(model, PreTrainedModel) and \
-        "position_ids" not in inspect.signature(type(model).forward).parameters
+    if not isinstance(model, PreTrainedModel):
+        return False
+    own = next((c for c in type(model).__mro__ if "forward" in vars(c) and c.__module__.startswith("transformers.")),
+               type(model))
+    try:
+        return "position_ids" not in inspect.signature(own.forward).parameters
+    except (TypeError, ValueError):     # a forward inspect cannot read: not refused on this ground
+        return False
 
 
 def logits_size(model) -> int:

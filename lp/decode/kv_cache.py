@@ -356,15 +356,22 @@ def forward_logits(model, input_ids, position_ids, mask, cache, logit_rows, slot
             out = call(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                        logits_to_keep=logit_rows, use_cache=True, **_round_kwargs(model, cache))
     except torch._dynamo.exc.TorchDynamoException as e:      # tracing or lowering failed (a compiled call)
-        if compiled is None:
+        if compiled is None or out_of_memory(e.__cause__ or e):     # memory keeps its own error (and advice)
             raise
         raise CompileFailed(f"torch.compile could not compile {type(model).__name__}'s round forward "
                             f"({one_line(e, limit=300)}); known cases: linears packed for oneDNN (lp.models' "
                             f"cpu_linear onednn) and mixture-of-experts layers in transformers' eager expert loop "
-                            f"(float64); decode with compile off") from e
+                            f"(float64); decode without compiling (model.compile: off in a job, compile_mode='off' "
+                            f"in lookahead_generate)") from e
     except (IndexError, RuntimeError) as e:
         raise _past_the_table(model, position_ids, e) or e
     return out.logits
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: torch's (CUDA, or the CPU allocator's RuntimeError) or Python's."""
+    return isinstance(e, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError)) or (
+        isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower()))
 
 
 class CompileFailed(ValueError):

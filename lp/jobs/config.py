@@ -323,6 +323,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def baseline_section(value: Any) -> Any:
+    """`baseline: true` is short for `baseline: {enabled: true}`: the section's long form (other values as
+    they are, for the checks to name)."""
+    return {"enabled": value} if isinstance(value, bool) else value
+
+
 def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | None = None) -> JobConfig:
     """Build a checked JobConfig from a mapping (as read from YAML); see load_config."""
     if raw is None:
@@ -331,8 +337,8 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         raise ConfigError([f"<top level>: {short_repr(raw)} must be a mapping of sections "
                            f"({', '.join(SECTIONS)})"], source)
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    if isinstance(raw.get("baseline"), bool):  # `baseline: true` is short for `baseline: {enabled: true}`
-        raw["baseline"] = {"enabled": raw["baseline"]}
+    if "baseline" in raw:
+        raw["baseline"] = baseline_section(raw["baseline"])
     problems = apply_overrides(raw, overrides)
 
     sections = {}
@@ -430,7 +436,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
             problems.append(f"--set {item!r}: the value is not valid YAML: {one_line(e, named=False)}")
             continue
         if shorthand:
-            raw["baseline"] = {"enabled": value} if isinstance(value, bool) else value
+            raw["baseline"] = baseline_section(value)
             continue
         name, key = parts
         section = raw.get(name)

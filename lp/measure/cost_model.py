@@ -563,9 +563,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     curve = find_curve(read("--curve", a.curve))
     if not curve:
         ap.error(f"--curve: no forward curve in {a.curve}")
-    bad = [p for p in curve if not all(_is_number(p[k]) and p[k] >= 0 for k in ("rows", "seconds"))]
+    bad = [p for p in curve if not all(_is_number(p[k]) and 0 <= p[k] < math.inf for k in ("rows", "seconds"))]
     if bad:
-        ap.error(f"--curve: {a.curve} holds points whose rows and seconds are not numbers >= 0: {bad[:3]}")
+        ap.error(f"--curve: {a.curve} holds points whose rows and seconds are not finite numbers >= 0: {bad[:3]}")
     s = read("--summary", a.summary) if a.summary else {}
     if not isinstance(s, dict):
         ap.error(f"--summary: {a.summary} is not a job's summary.json")
@@ -589,9 +589,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     holds = {">= 1": lambda v: v >= 1, "> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
     wrong = [k for k, rule in rules.items()
              if not (_is_number(values[k]) and math.isfinite(values[k]) and holds[rule](values[k]))]
-    if wrong:
-        ap.error("; ".join(f"--{k.replace('_', '-')}: {values[k]!r} must be a finite number {rules[k]}"
-                           for k in wrong))
+    option = {"compression": a.compression, "rows": a.rows, "tokens": a.tokens, "host_ms": a.host_ms}
+    if wrong:       # a figure not given as an option came from the summary
+        ap.error("; ".join(f"--{k.replace('_', '-')}{' (from --summary)' if option.get(k, 0) is None else ''}: "
+                           f"{values[k]!r} must be a finite number {rules[k]}" for k in wrong))
     rows = project_splits(curve, a.world, figures["compression"], figures["rows"], figures["tokens"],
                           figures["host_ms"] / 1000, a.verify_ms / 1000, a.gather_ms / 1000)
     print(f"{a.world} workers, S = {figures['compression']:.3f}, {figures['rows']:.1f} rows/round on one worker, "
