@@ -145,7 +145,7 @@ def label(p: LookaheadParams) -> str:
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--device", default="auto", show_default=True)
-@click.option("--limit", default=20, show_default=True, help="first N prompts")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="first N prompts")
 @click.option("--data", type=click.Choice(["humaneval", "classeval"]), default="humaneval", show_default=True)
 @click.option("--data-path", default=None, help="ClassEval_data.json (--data classeval)")
 @click.option("--chat", is_flag=True, help="prompts in the jobs' chat code-completion mode (instruct models)")

@@ -284,8 +284,9 @@ def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) ->
         except BaseException:
             stop_tree(proc)
             raise
-        stdout, stderr = (f.seek(0) or f.read() for f in (out_file, err_file))
-    log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
+        finally:        # the log of an interrupted point too
+            stdout, stderr = (f.seek(0) or f.read() for f in (out_file, err_file))
+            log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{stdout}\n--- stderr\n{stderr}", encoding="utf-8")
     if timed_out:
         return "failed", f"timed out after {timeout_s:.0f} s", False
     if proc.returncode == 0 and finished(point_dir):

@@ -145,6 +145,7 @@ def test_bench_core_on_classeval_prompts(tmp_path):
     (["--configs", "0,3,0,tree_budget=["], "--configs"),                         # not YAML
     (["--prompt-lookup", "-1"], "--prompt-lookup"),
     (["--threads", "-1"], "--threads"),
+    (["--limit", "0"], "Invalid value for '--limit'"),                       # the flag named, not data.limit
 ])
 def test_bench_core_data_errors_are_usage_errors(tmp_path, args, needle):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_core.py"), "--model", "tiny-random-llama?vocab=64&seed=0",

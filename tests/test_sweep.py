@@ -281,7 +281,7 @@ def test_a_timeout_of_no_seconds_is_refused(tmp_path, timeout):
 
 def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
     """SIGTERM (or SIGHUP) to the sweep ends it as Ctrl-C does: the running point's torchrun and workers,
-    in sessions of their own, are stopped with it (before, they went on running)."""
+    in sessions of their own, are stopped with it (before, they went on running), and its log is written."""
     spec = tmp_path / "sweep.yaml"
     spec.write_text(yaml.safe_dump({"base": slow_base(tmp_path), "grid": {"world_size": [1]}}))
     out = tmp_path / "out"
@@ -296,6 +296,8 @@ def test_a_sweep_stopped_by_sigterm_stops_its_point(tmp_path):
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     time.sleep(1)
     assert running_under(out / "points") == []
+    log = (out / "logs" / "P1.log").read_text()       # the stopped point's output is kept (it was not)
+    assert log.startswith("$ ") and "--- stderr" in log
 
 
 def _script(monkeypatch):
