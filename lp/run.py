@@ -178,7 +178,5 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
         _fail(f"{_rank_prefix(comm)}worker failed: {one_line(e)}", 1)
 
 
-
-
 if __name__ == "__main__":
     main()
