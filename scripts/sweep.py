@@ -12,8 +12,8 @@ A sweep file is
       lookahead.window: [7, 15]           # any section.key of a job config
     output: runs/sweeps/NAME              # optional; --output wins; default runs/sweeps/<file stem>
 
-Any other top-level key, a grid key output.dir (the sweep sets each point's) and a value listed twice in
-one grid list are refused (exit 2, one line), as are two points that would get the same name.
+Any other top-level key, a grid key output.dir (the sweep sets each point's), both lp_size and
+distributed.lp_size, and a value listed twice in one grid list are refused (exit 2, one line), as are two points that would get the same name.
 Each point's job config is written to DIR/points/<point>.yaml with output.dir DIR/points/<point>, and run
 as `python -m torch.distributed.run --standalone --nproc-per-node=P -m lp.run --config ... --quiet`
 (PYTHONPATH = the repository root, OMP_NUM_THREADS=1; the output goes to DIR/logs/<point>.log). A
@@ -134,6 +134,8 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
         if key == "output.dir":
             raise SweepError(f"{path}: grid key 'output.dir' cannot be swept: the sweep sets each point's "
                              f"output.dir (DIR/points/<point>)")
+        if key == "distributed.lp_size" and "lp_size" in grid:
+            raise SweepError(f"{path}: grid keys 'lp_size' and 'distributed.lp_size' name one setting; keep one")
         seen: set[str] = set()
         twice = [v for v in values if _canonical(v) in seen or seen.add(_canonical(v))]
         if twice:

@@ -395,8 +395,9 @@ def test_the_verify_time_is_cached_per_window_ngram_guesses_and_rows(tmp_path, m
     ({"grid": {"output.dir": ["x"]}}, "grid key 'output.dir' cannot be swept"),
     ({"grid": {"world_size": [1, 1]}}, "grid.world_size lists 1 more than once"),
     ({"grid": {"data.path": ["a b.jsonl", "a_b.jsonl"]}}, "points path-a_b.jsonl would share a directory"),
+    ({"grid": {"lp_size": [1], "distributed.lp_size": [2]}}, "'lp_size' and 'distributed.lp_size' name one"),
 ], ids=["base-not-yaml", "output-not-a-string", "unknown-key", "output-dir-in-grid", "duplicate-value",
-        "same-point-name"])
+        "same-point-name", "lp-size-twice"])
 def test_a_bad_sweep_file_is_refused_in_one_line(tmp_path, spec, message):
     """Each was a traceback, or ran ignoring the key (a typo'd `outptu:`, a grid's output.dir), or ran a
     point twice (two identical CSV rows) or two points in one directory."""
