@@ -166,13 +166,6 @@ def _compared(got: list[int], want: list[int]) -> dict:
     return dict(equal=True) if first is None else dict(equal=False, first_difference=first, lp=got, generate=want)
 
 
-def _left_padded(rows: list[list[int]]):
-    import torch
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    return ids, torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-
-
 def sweep_one(model_type: str) -> dict:
     """The verdict on `model_type`, with each decode's outcome under `details`: every prompt alone under
     each of SETTINGS, all of them in one batched call (`batch`, the tree setting), and the drop-in on a
@@ -221,7 +214,8 @@ def sweep_one(model_type: str) -> dict:
             [wants[i] for i in done]))
     padded = [i for i in done if i < 3]
     if len(padded) > 1:
-        ids, mask = _left_padded([rows[i] for i in padded])
+        from fuzz_exact import padded as left_padded      # the fuzzer's drop-in batch: pad id 0 on the left
+        ids, mask = left_padded([rows[i] for i in padded])
         try:
             want = model.generate(ids, attention_mask=mask, **plain)[:, ids.shape[1]:].tolist()
         except Exception as e:

@@ -530,8 +530,8 @@ def _curve_worker(rank, cfg, prefix, rows_list, repeats, threads, barrier, queue
         queue.put(curve)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -563,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     curve = find_curve(read("--curve", a.curve))
     if not curve:
         ap.error(f"--curve: no forward curve in {a.curve}")
-    bad = [p for p in curve if not all(_is_number(p[k]) and 0 <= p[k] < math.inf for k in ("rows", "seconds"))]
+    bad = [p for p in curve if not all(_finite(p[k]) and p[k] >= 0 for k in ("rows", "seconds"))]
     if bad:
         ap.error(f"--curve: {a.curve} holds points whose rows and seconds are not finite numbers >= 0: {bad[:3]}")
     s = read("--summary", a.summary) if a.summary else {}
@@ -584,15 +584,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error(f"give --summary or --{' --'.join(missing)}")
     # S and R are at least 1 (a round emits a token and feeds a row), the times finite and >= 0
     values = {**figures, "verify_ms": a.verify_ms, "gather_ms": a.gather_ms}
-    rules = {"compression": ">= 1", "rows": ">= 1", "tokens": "> 0", "host_ms": ">= 0", "verify_ms": ">= 0",
-             "gather_ms": ">= 0"}
-    holds = {">= 1": lambda v: v >= 1, "> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0}
-    wrong = [k for k, rule in rules.items()
-             if not (_is_number(values[k]) and math.isfinite(values[k]) and holds[rule](values[k]))]
-    option = {"compression": a.compression, "rows": a.rows, "tokens": a.tokens, "host_ms": a.host_ms}
+    least = {"compression": 1, "rows": 1, "tokens": 0, "host_ms": 0, "verify_ms": 0, "gather_ms": 0}
+    rule = lambda k: "> 0" if k == "tokens" else f">= {least[k]}"  # noqa: E731
+    wrong = [k for k, low in least.items()
+             if not (_finite(values[k]) and (values[k] > low if k == "tokens" else values[k] >= low))]
     if wrong:       # a figure not given as an option came from the summary
-        ap.error("; ".join(f"--{k.replace('_', '-')}{' (from --summary)' if option.get(k, 0) is None else ''}: "
-                           f"{values[k]!r} must be a finite number {rules[k]}" for k in wrong))
+        summary_only = {k for k in figures if getattr(a, k) is None}
+        ap.error("; ".join(f"--{k.replace('_', '-')}{' (from --summary)' if k in summary_only else ''}: "
+                           f"{values[k]!r} must be a finite number {rule(k)}" for k in wrong))
     rows = project_splits(curve, a.world, figures["compression"], figures["rows"], figures["tokens"],
                           figures["host_ms"] / 1000, a.verify_ms / 1000, a.gather_ms / 1000)
     print(f"{a.world} workers, S = {figures['compression']:.3f}, {figures['rows']:.1f} rows/round on one worker, "
