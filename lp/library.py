@@ -61,7 +61,7 @@ from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
 from lp.hf_processing import (PerRequest, bias_entries, no_op, read_criteria, read_processors, replayed_forcing,
                               is_token_id, row_processor_of, row_wise, stop_test, token_ids)
-from lp.jobs.config import JOB_LOOKAHEAD, check_types
+from lp.jobs.config import JOB_LOOKAHEAD, check_types, close_key
 from lp.measure.cost_model import budget_kwargs, row_costs
 from lp.messages import short_repr
 
@@ -92,14 +92,15 @@ _GENERATE_MODEL_KWARGS = frozenset({"attention_mask", "cache", "past_key_values"
                                     "output_hidden_states"})
 
 
-
-
 def lookahead_params(**keys) -> LookaheadParams:
     """The job config's lookahead section (JOB_LOOKAHEAD) with `keys` over it; TypeError for a key lp does
     not have, ValueError for a value out of range."""
     unknown = sorted(set(keys) - set(LOOKAHEAD_KEYS))
     if unknown:
-        raise TypeError(f"unknown lookahead option(s) {', '.join(unknown)}; lp's are {', '.join(LOOKAHEAD_KEYS)}")
+        knobs = [k for k in inspect.signature(generate).parameters if k not in ("model", "prompts", "lookahead_keys")]
+        named = [k + (f" (did you mean {close}?)" if (close := close_key(k, [*LOOKAHEAD_KEYS, *knobs])) else "")
+                 for k in unknown]
+        raise TypeError(f"unknown lookahead option(s) {', '.join(named)}; lp's are {', '.join(LOOKAHEAD_KEYS)}")
     values, problems = check_types("lookahead", LookaheadParams, keys)     # the job config's own kinds check
     if problems:
         raise ValueError("\n".join(problems))

@@ -193,6 +193,22 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
     assert "lookahead.ngram: '5' must be an integer" in err.value.problems
 
 
+def test_unknown_key_names_its_section_or_close_spelling(tmp_path):
+    """A key put in the wrong section names the section it belongs to; a misspelt key or section names the
+    close known one; a key like no other gets neither."""
+    mapping = {"generation": {"window": 3, "max_new_token": 8}, "model": {"temperature": 0.5},
+               "lookahead": {"zzz": 1}, "generaton": {}, "max_new_tokens": 9}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, mapping))
+    lines = {line.split(":", 1)[0]: line for line in err.value.problems}
+    assert "is not a known key (it is a lookahead key); generation keys are" in lines["generation.window"]
+    assert "(did you mean generation.max_new_tokens?)" in lines["generation.max_new_token"]
+    assert "(it is a generation key)" in lines["model.temperature"]
+    assert "is not a known key; lookahead keys are" in lines["lookahead.zzz"]
+    assert "is not a known section (did you mean generation?)" in lines["generaton"]
+    assert "is not a known section (it is a generation key)" in lines["max_new_tokens"]
+
+
 def test_lookahead_sizes_have_a_ceiling(tmp_path):
     """Sizes past what any device holds (which overflowed the allocator's arithmetic or asked it for
     100+ GB in a traceback) are config problems; the ceiling itself is allowed."""

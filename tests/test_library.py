@@ -661,8 +661,10 @@ def test_generate_text_ids_and_stop_strings(model):
     reference = autoregressive_generate(model98, tokenizer.encode(texts[1]), GenerationParams(24, stop=(stop,)),
                                         tokenizer=tokenizer)
     assert cut.token_ids == reference.token_ids and cut.finish_reason == "stop" and stop not in cut.text
-    with pytest.raises(TypeError, match="unknown lookahead option"):
+    with pytest.raises(TypeError, match=r"unknown lookahead option\(s\) windows \(did you mean window\?\)"):
         lp.generate(model, PROMPTS[0], windows=3)
+    with pytest.raises(TypeError, match=r"max_new_token \(did you mean max_new_tokens\?\)"):   # a knob misspelt
+        lp.generate(model, PROMPTS[0], max_new_token=3)
     with pytest.raises(ValueError, match="tokenizer"):
         lp.generate(model, "abc")
 

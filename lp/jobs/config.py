@@ -45,6 +45,7 @@ problems() registered in SECTIONS.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -344,14 +345,16 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
     sections = {}
     for name, section in raw.items():
         if name not in SECTIONS:
-            problems.append(f"{name}: {short_repr(section)} is not a known section; sections are "
+            problems.append(f"{name}: {short_repr(section)} is not a known section"
+                            f"{_key_hint('', name, list(SECTIONS), _section_of_key())}; sections are "
                             f"{', '.join(SECTIONS)}")
         elif section is not None and not isinstance(section, dict):
             allowed = "true, false or a mapping of keys" if name == "baseline" else "a mapping of keys"
             problems.append(f"{name}: {short_repr(section)} must be {allowed}")
     for name, cls in SECTIONS.items():
         section = raw.get(name)
-        values, type_problems = check_types(name, cls, section if isinstance(section, dict) else {})
+        values, type_problems = check_types(name, cls, section if isinstance(section, dict) else {},
+                                            _section_of_key(name))
         # a key with a wrong type keeps its default and gets no second line from the range rules
         sections[name] = cls(**{**SECTION_DEFAULTS.get(name, {}), **values})
         if name == "data" and not (isinstance(section, dict) and "chat_template" in section):
@@ -448,8 +451,33 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     return problems
 
 
-def check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The keys of one section that are known and well typed, and a problem line for each other key."""
+def _key_hint(name: str, key: Any, known: list[str], elsewhere: dict[str, str] | None) -> str:
+    """' (it is a <section> key)' or ' (did you mean <name>.<key>?)' for an unknown key (a section's name
+    when `name` is ''), else ''."""
+    if not isinstance(key, str):
+        return ""
+    if elsewhere and key in elsewhere:
+        return f" (it is a {elsewhere[key]} key)"
+    close = close_key(key, known)
+    return f" (did you mean {name + '.' if name else ''}{close}?)" if close else ""
+
+
+def close_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key `key` is most likely a misspelling of, if any."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _section_of_key(besides: str = "") -> dict[str, str]:
+    """key -> the section it belongs to, over every section but `besides`."""
+    return {f.name: section for section, cls in SECTIONS.items() if section != besides
+            for f in dataclasses.fields(cls)}
+
+
+def check_types(name: str, cls: type, given: dict[str, Any],
+                elsewhere: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The keys of one section that are known and well typed, and a problem line for each other key (an
+    unknown one with the section `elsewhere` maps it to, or else a close spelling of a known key)."""
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     values: dict[str, Any] = {}
@@ -457,7 +485,8 @@ def check_types(name: str, cls: type, given: dict[str, Any]) -> tuple[dict[str, 
     for key, value in given.items():
         path = f"{name}.{key}"
         if key not in known:
-            problems.append(f"{path}: {short_repr(value)} is not a known key; {name} keys are {', '.join(known)}")
+            problems.append(f"{path}: {short_repr(value)} is not a known key{_key_hint(name, key, known, elsewhere)}; "
+                            f"{name} keys are {', '.join(known)}")
             continue
         ok, converted, expected = _check_type(value, hints[key])
         if ok:
