@@ -188,10 +188,12 @@ def read_processors(processors, do_sample: bool, shape: tuple[int, int],
     return {**warped, **fields}, ignored, custom
 
 
-def stop_test(criteria: Sequence, device: torch.device) -> StopTest | None:
+def stop_test(criteria: Sequence, device: torch.device, rows: int = 1) -> StopTest | None:
     """generate's stopping criteria (other than max_length and EOS) as one StopTest: each called with the
     request's input ids as generate's criteria see them ([1, L] on `device`) and no scores; any True ends
-    the request there, as it ends generate's row. Refuses criteria that read the time or the scores."""
+    the request there, as it ends generate's row. Refuses criteria that read the time or the scores, and,
+    in a batch of `rows` > 1, one that answers once for the whole batch (a bool, not one per row): generate
+    ends every row on it, lp tests each row on its own."""
     for criterion in criteria:
         if type(criterion).__name__ in _NOT_ID_STOPS or not callable(criterion):
             raise ValueError(f"lp cannot apply the stopping criterion {_named(criterion)}: it reads the time or the "
@@ -199,9 +201,17 @@ def stop_test(criteria: Sequence, device: torch.device) -> StopTest | None:
     if not criteria:
         return None
 
+    def answer(criterion, row: torch.Tensor) -> bool:
+        said = torch.as_tensor(criterion(row, None))
+        if rows > 1 and said.dim() == 0:
+            raise ValueError(f"the stopping criterion {_named(criterion)} answered {said.item()!r} for the whole "
+                             f"batch; lp tests each of the batch's {rows} rows on its own, so it needs one answer "
+                             f"per row (a bool tensor of shape [batch], as transformers' criteria return)")
+        return bool(said.any())
+
     def stop(key, ids: list[int]) -> bool:
         row = torch.tensor([ids], dtype=torch.long, device=device)
-        return any(bool(torch.as_tensor(c(row, None)).any()) for c in criteria)
+        return any(answer(c, row) for c in criteria)
     return stop
 
 
@@ -386,7 +396,7 @@ def read_criteria(criteria: Sequence, config, processing: dict, shape: tuple[int
     if new is None or new < 1:
         raise ValueError(f"lp.lookahead needs at least one new token (max_length {config.max_length}, prompt "
                          f"{shape[1]} tokens)")
-    return Ending(new, ends, stop_test(stops, device))
+    return Ending(new, ends, stop_test(stops, device, shape[0]))
 
 
 def token_ids(value, name: str) -> list[int]:

@@ -150,6 +150,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         raise ValueError(f"lp.lookahead feeds the model input_ids (and their positions) only: it cannot pass "
                          f"{', '.join(extra)} to the model")
     mask = model_kwargs.get("attention_mask")
+    if mask is not None and tuple(mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}: one mask "
+                         f"value per token")
     _check_positions(model_kwargs.get("position_ids"), mask, input_ids)
     eos = token_ids(config.eos_token_id, "generation_config.eos_token_id")
     processing, ignored, custom = read_processors(
@@ -168,7 +171,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
                              f"{input_ids.shape[1] + new}); ForcedEOSTokenLogitsProcessor forces it at max_length "
                              f"{length}")
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-    seed = int(torch.randint(0, 2**62, (1,)).item()) if processing.get("temperature", 0) > 0 else 0
+    seed = draw_seed() if processing.get("temperature", 0) > 0 else 0
     sizes, problems = check_types("lookahead", GenerationParams, {"batch_size": batch_size})
     if problems:
         raise ValueError("\n".join(problems))
@@ -210,7 +213,8 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
              **lookahead_keys) -> list[GenerationResult]:
     """Decode each prompt (text, with `tokenizer`; or token ids) with lookahead; one result per prompt.
     The knobs are generate's, with generate's own defaults (so sampling keeps the top 50 tokens unless
-    `top_k` says otherwise; None turns a knob off, as for generate), not the model's generation config's
+    `top_k` says otherwise; None turns a knob off, as for generate, and draws `seed` from torch's global
+    generator), not the model's generation config's
     (the drop-in reads those); `repetition_penalty` counts each prompt's tokens, as generate's does.
     `eos_token_id` defaults to the model's generation config; `stop_strings` need `tokenizer` and match
     the decoded new text (not across the prompt's end, nor special tokens' text, unlike generate's);
@@ -241,6 +245,11 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         raise ValueError(f"generate.stop_strings must be non-empty strings; got {list(stop_strings)!r}")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings are matched on decoded text: pass the tokenizer")
+    if max_new_tokens is None:
+        raise ValueError("generate.max_new_tokens: None; lp.generate needs the number of new tokens (it takes no "
+                         "max_length)")
+    if seed is None:    # unseeded: a seed from torch's global generator, as the drop-in draws (torch.manual_seed)
+        seed = draw_seed()
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
@@ -269,7 +278,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     check(generation)
     eos = token_ids(eos_token_id, "generate.eos_token_id") if eos_token_id is not None else \
         token_ids(model.generation_config.eos_token_id, "generation_config.eos_token_id")
-    custom = [row_wise(p) for p in logits_processor or ()]
+    custom = [row_wise(p) for p in _listed(logits_processor, "logits_processor")]
     device = next(model.parameters()).device
     if prefix_allowed_tokens_fn is not None:
         if not callable(prefix_allowed_tokens_fn):
@@ -278,7 +287,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         custom.insert(0, PrefixConstrainedLogitsProcessor(prefix_allowed_tokens_fn, 1))
         if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
             custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
-    stop_when = stop_test(list(stopping_criteria or ()), device)
+    stop_when = stop_test(_listed(stopping_criteria, "stopping_criteria"), device)
     if streamer is not None:
         streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
@@ -371,11 +380,12 @@ def _check_no_shared_rope(config, lengths: list[int], new: int) -> None:
                      f"length, or one row per call (lp.generate decodes each prompt as generate does alone)")
 
 
-def _check_left_padding(mask: torch.Tensor, pad: int | None = None) -> None:
-    """Each row of `mask` is zeros then ones (left padding, as lp strips it), with at least one token.
-    `pad`: the drop-in's pad_token_id (without a mask from the caller, generate builds one that masks
-    every pad_token_id)."""
-    for b, row in enumerate(mask.bool().tolist()):
+def _check_left_padding(mask: torch.Tensor | list[list[int]], pad: int | None = None) -> None:
+    """Each row of `mask` (a tensor or lists) is zeros then ones (left padding, as lp strips it), with at
+    least one token. `pad`: the drop-in's pad_token_id (without a mask from the caller, generate builds one
+    that masks every pad_token_id)."""
+    rows = mask.bool().tolist() if isinstance(mask, torch.Tensor) else [[bool(v) for v in r] for r in mask]
+    for b, row in enumerate(rows):
         start = row.index(True) if True in row else None
         if start is None:
             raise ValueError(f"attention_mask row {b} masks every token: nothing to decode")
@@ -393,6 +403,10 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
     or 0..length-1) are refused."""
     if position_ids is None:
         return
+    if tuple(position_ids.shape[-1:]) != tuple(input_ids.shape[-1:]):
+        raise ValueError(f"position_ids have shape {tuple(position_ids.shape)}, input_ids {tuple(input_ids.shape)}: "
+                         f"one position per token (generate numbers them from the attention_mask: check its "
+                         f"shape)")
     if mask is not None:
         default = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     else:
@@ -405,6 +419,21 @@ def _check_positions(position_ids, mask, input_ids: torch.Tensor) -> None:
         raise ValueError("lp.lookahead numbers each prompt's tokens from 0 (after left padding): it cannot take "
                          "other position_ids")
 
+
+
+def _listed(value, name: str) -> list:
+    """A list option (logits_processor, stopping_criteria) as a list; TypeError naming it for anything but a
+    list or tuple (generate's LogitsProcessorList and StoppingCriteriaList are lists)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"generate.{name} must be a list; got {short_repr(value, 60)} (one object: pass [it])")
+    return list(value)
+
+
+def draw_seed() -> int:
+    """A sampling seed from torch's global generator (so torch.manual_seed makes a call reproducible)."""
+    return int(torch.randint(0, 2**62, (1,)).item())
 
 
 def _ids_or_none(value, name: str) -> tuple[int, ...] | None:
@@ -422,9 +451,12 @@ def _prompt_list(prompts, tokenizer) -> list[list[int]]:
                              f"{', '.join(map(str, prompts))}")
         rows = [_ids_of(r) for r in _rows(prompts["input_ids"])]
         if prompts.get("attention_mask") is not None:
-            mask = torch.as_tensor([_ids_of(r) for r in _rows(prompts["attention_mask"])])
+            mask = [_ids_of(r) for r in _rows(prompts["attention_mask"])]
+            if [len(m) for m in mask] != [len(ids) for ids in rows]:
+                raise ValueError(f"attention_mask has rows of lengths {[len(m) for m in mask]}, input_ids "
+                                 f"{[len(ids) for ids in rows]}: one mask value per token")
             _check_left_padding(mask)
-            rows = [ids[len(ids) - sum(m):] for ids, m in zip(rows, mask.tolist())]
+            rows = [ids[len(ids) - sum(m):] for ids, m in zip(rows, mask)]
         prompts = rows
     out = []
     for p in ([prompts] if isinstance(prompts, str) else _rows(prompts)):

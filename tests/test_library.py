@@ -288,6 +288,28 @@ def test_drop_in_tests_other_stopping_criteria_after_each_token(model):
         assert torch.equal(got, want), batch_size
 
 
+class FirstRowEnds(StoppingCriteria):
+    """An old-style criterion: one answer for the whole batch, read from its first row."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[0, -1] == input_ids[0, -3]
+
+
+def test_drop_in_refuses_a_criterion_that_answers_for_the_whole_batch(model):
+    """generate ends every row on a criterion's single answer; lp tests each row on its own, so such a
+    criterion ended rows that generate goes on decoding (silently other ids). It is refused on a batch; on
+    one row it means the same to both."""
+    ids, mask = left_padded(PROMPTS)
+    criteria = StoppingCriteriaList([FirstRowEnds()])
+    with pytest.raises(ValueError, match=r"FirstRowEnds answered .* for the whole batch; .* needs one answer per row"):
+        plain(model, ids, mask, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead, **TREE)
+    one = torch.tensor([PROMPTS[0]])
+    want = plain(model, one, max_new_tokens=30, stopping_criteria=criteria)
+    assert want.shape[1] < plain(model, one, max_new_tokens=30).shape[1]     # it ends that row early
+    got = plain(model, one, max_new_tokens=30, stopping_criteria=criteria, custom_generate=lp.lookahead, **TREE)
+    assert torch.equal(got, want)
+
+
 def test_drop_in_takes_a_callers_max_length_and_eos_criteria_as_generate_does(model):
     """generate lets a caller's MaxLengthCriteria or EosTokenCriteria take the place of its own: the rows
     end at that length (shorter or longer than max_new_tokens says) or at those EOS ids (and no longer at
@@ -425,9 +447,16 @@ def test_generate_takes_the_usual_shapes_of_prompts(model):
         assert [r.token_ids for r in lp.generate(model, prompts, max_new_tokens=6)] == [want], type(prompts)
     assert [r.token_ids for r in lp.generate(model, torch.tensor([p, p]), max_new_tokens=6)] == [want, want]
     for bad, match in ((5, "got int"), ([1.5, 2.0], "flat sequence of token ids"), ({"ids": [p]}, "need input_ids"),
-                       ({"input_ids": [p], "attention_mask": [[1] * (len(p) - 1) + [0]]}, "after a kept token")):
-        with pytest.raises(ValueError, match=match):
+                       ({"input_ids": [p], "attention_mask": [[1] * (len(p) - 1) + [0]]}, "after a kept token"),
+                       ({"input_ids": [p, p], "attention_mask": [[1] * len(p)]}, "one mask value per token"),
+                       ({"input_ids": [p], "attention_mask": [[1, 1]]}, "one mask value per token")):
+        with pytest.raises(ValueError, match=match):      # a mask of another shape dropped or cut prompts
             lp.generate(model, bad, max_new_tokens=6)
+    with pytest.raises(ValueError, match="max_new_tokens: None"):
+        lp.generate(model, p, max_new_tokens=None)         # was 256 silently; generate's None means max_length
+    for key in ("stopping_criteria", "logits_processor"):  # one object, not a list: named, not "not iterable"
+        with pytest.raises(TypeError, match=rf"generate.{key} must be a list; .*pass \[it\]"):
+            lp.generate(model, p, max_new_tokens=6, **{key: RepeatAtTwo()})
     for key, value in (("ngram", "4"), ("window", True), ("job_cache", 1)):
         with pytest.raises(ValueError, match=f"lookahead.{key}: {value!r} must be"):
             lp.generate(model, p, max_new_tokens=6, **{key: value})
@@ -463,6 +492,12 @@ def test_drop_in_refuses_inputs_it_would_otherwise_ignore(model):
               token_type_ids=torch.zeros_like(ids))
     with pytest.raises(ValueError, match="position_ids"):
         run(position_ids=(mask.cumsum(-1) + 7).masked_fill(mask == 0, 0))
+    for width in (ids.shape[1] - 1, ids.shape[1] + 1):   # a mask of another width (generate numbers the positions
+        narrow = torch.ones(2, width, dtype=torch.long)  # from it, and drops an all-ones one) was blamed on
+        narrow[0, 0] = 0                                  # position_ids, which the caller never gave
+        for given in (narrow, torch.ones(2, width, dtype=torch.long)):
+            with pytest.raises(ValueError, match=r"attention_mask|check its shape"):
+                plain(model, ids, mask=given, max_new_tokens=6, custom_generate=lp.lookahead)
 
     class Spy(BaseStreamer):
         def put(self, value):
@@ -765,3 +800,15 @@ def test_generate_samples_with_generates_default_top_k():
               for name, knobs in (("default", {}), ("off", dict(top_k=None)))}
     assert firsts["default"] <= kept and len(firsts["default"]) > 30
     assert firsts["off"] - kept            # the control: without top-50, the 14 others are drawn too
+
+
+def test_generate_seed_none_draws_from_torchs_generator(model):
+    """seed=None was seed 0 (the same draws every call); it now draws a seed from torch's global generator,
+    as the drop-in does: calls differ, and torch.manual_seed makes one reproducible."""
+    def draw():
+        return [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=12, do_sample=True, seed=None)]
+    torch.manual_seed(3)
+    first, second = draw(), draw()
+    torch.manual_seed(3)
+    assert draw() == first and second != first
+    assert first != [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=12, do_sample=True, seed=0)]
