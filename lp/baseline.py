@@ -28,6 +28,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from lp.engine import GenerationParams, GenerationResult
+from lp.decode.sampling import NoDistribution
 from lp.decode.stopping import StopChecker
 
 
@@ -98,6 +99,10 @@ def autoregressive_generate(
     try:
         out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
                              stopping_criteria=StoppingCriteriaList([_Stopper(checker, len(prompt))]))
+    except RuntimeError as e:       # torch.multinomial's: lookahead's NoDistribution, as a job records it
+        if "probability tensor contains" not in str(e):
+            raise
+        raise NoDistribution(len(checker.tokens)) from e
     finally:
         model.generation_config = own
     generated = out[0, len(prompt):].tolist()

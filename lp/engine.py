@@ -35,7 +35,7 @@ from lp.decode.prefix import RowPrefixes
 from lp.decode.processors import Processors, RowProcessor, SeenPrompt, process_by_input
 from lp.decode.request import GenerationResult, RequestState, RoundPlan, cache_need, round_rows_bound, window_seed
 from lp.decode.stopping import StopTest
-from lp.decode.sampling import Draws, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
+from lp.decode.sampling import Draws, NoDistribution, distribution, tree_sampling_verdict, verify_tree_sampling, warpers
 from lp.decode.suffix import SuffixIndex
 from lp.decode.tree import EMPTY, TokenTree
 from lp.decode.verify import decide, greedy_ids, node_mismatch, pack_payloads, path_verdicts
@@ -145,10 +145,11 @@ def decode_batch(
     draft_cost: float = 0.0,
     row_processor: RowProcessor | None = None,
     stop_when: StopTest | None = None,
-) -> Iterator[tuple[Any, GenerationResult | ValueError]]:
+) -> Iterator[tuple[Any, GenerationResult | Exception]]:
     """Decode `prompts` (each a Prompt: key, prompt ids, request, and optionally what generate's
     processors see) with up to `batch_size` requests per forward, yielding (key, result) as each request ends, or
-    (key, ValueError) for a prompt that cannot be decoded (the others go on). Continuous batching:
+    (key, ValueError) for a prompt that cannot be decoded and (key, NoDistribution) for a request whose
+    sampling finds no token to draw (the others go on). Continuous batching:
     a request that ends leaves the batch at once; the next prompt is taken then and its first round
     (the prefill) runs alone into its own cache row before it joins the batched rounds; with
     `lookahead.prefix_reuse` (and `batch_size` > 1) it starts after the longest prefix of the prompt
@@ -217,7 +218,7 @@ def decode_batch(
                 state.reuse(slots)
         return state
 
-    def ended() -> Iterator[tuple[Any, GenerationResult]]:
+    def ended() -> Iterator[tuple[Any, GenerationResult | Exception]]:
         """The requests that ended leave; the others move down to the lowest cache rows (their
         committed slots: a round writes the slots after them before it reads them)."""
         nonlocal active
@@ -346,10 +347,8 @@ class Rounds:
         for i, (state, plan) in enumerate(zip(states, plans)):
             decision = decide([row[i * size:(i + 1) * size] for row in gathered], width)
             if self.warp is not None and max(decision.emitted) >= vocab:      # `draw` found no total
-                raise RuntimeError(f"sampling: request {state.key!r} has no distribution to draw new token "
-                                   f"{state.generated + decision.emitted.index(max(decision.emitted))} from (its "
-                                   f"processed scores hold NaN or inf, or every token is banned); generate stops "
-                                   f"here too: probability tensor contains either inf, nan or element < 0")
+                state.fail(NoDistribution(state.generated + decision.emitted.index(max(decision.emitted))))
+                continue
             if self.offered is not None:        # the budget learns which of the offered nodes were accepted
                 self.acceptance.observe(self.offered[i], plan.tree.depths,
                                         set(plan.tree.path(decision.node)) if decision.hits else set())

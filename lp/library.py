@@ -319,7 +319,7 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
                     for k, (ids, s) in enumerate(zip(prompts, seen)))
     out: dict[int, GenerationResult] = {}
     for k, r in outcomes:         # in the order they end; each completion joins the corpus then
-        if isinstance(r, ValueError):
+        if isinstance(r, Exception):      # as generate raises for the whole batch
             raise r
         if corpus is not None and r.token_ids:
             corpus.add(r.token_ids)

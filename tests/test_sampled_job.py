@@ -117,3 +117,22 @@ def test_sampled_job_with_more_workers_writes_the_one_worker_records(one_worker,
     assert [same(r) for r in records(out)] == [same(r) for r in got]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == world
+
+
+@pytest.mark.parametrize("sections", [{}, {"generation": {"batch_size": 3}}, {"generation": {"method": "autoregressive"}},
+                                      {"baseline": {"enabled": True}}])
+def test_a_prompt_with_nothing_to_draw_is_an_error_record_and_the_job_goes_on(tmp_path, sections):
+    """Every token banned by new token 11 of one prompt (its 62 distinct characters and 10 new tokens
+    under no_repeat_ngram_size=1, EOS held back by min_new_tokens): the job stopped there with a traceback,
+    every rerun at the same prompt, and a batch lost all its prompts. Now that prompt alone gets an error
+    record (lookahead's, and generate's as the autoregressive method or the baseline), the others decode."""
+    import string
+    tasks = [("short1", "ab"), ("long", string.ascii_letters + string.digits), ("short2", "cd")]
+    generation = {"temperature": 1.0, "no_repeat_ngram_size": 1, "max_new_tokens": 40, "min_new_tokens": 40,
+                  **sections.get("generation", {})}
+    config = write_job(tmp_path, prompt_lines(tasks), generation=generation,
+                       baseline=sections.get("baseline", {"enabled": False}))
+    got = {r["task_id"]: r for r in run_one(config, tmp_path / "out")}
+    assert sorted(got) == ["long", "short1", "short2"]
+    assert "no distribution to draw new token 11 from" in got["long"]["error"] and not got["long"]["token_ids"]
+    assert all(got[t]["error"] is None and len(got[t]["token_ids"]) == 40 for t in ("short1", "short2"))

@@ -9,7 +9,8 @@ import torch
 
 from lp.engine import GenerationParams, LookaheadParams, decode_batch, lookahead_generate
 from lp.models import tiny_random_llama
-from lp.decode.sampling import Draws, distribution, sample, try_proposals, verify_tree_sampling, warpers
+from lp.decode.sampling import (Draws, NoDistribution, distribution, sample, try_proposals, verify_tree_sampling,
+                                warpers)
 from lp.decode.tree import tree_of
 from reference import last_logits
 
@@ -451,3 +452,24 @@ def test_no_distribution_later_in_the_output_names_that_token():
     model = tiny_random_llama(vocab=64, seed=0).model
     with pytest.raises(RuntimeError, match="no distribution to draw new token 2 from"):
         lp.generate(model, prompt, do_sample=True, max_new_tokens=6, logits_processor=[BanFromThird()])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_no_distribution_ends_that_request_only(batch_size):
+    """A request whose sampling finds nothing to draw ends with NoDistribution; before, it raised out of
+    decode_batch, so a job lost the whole batch and every prompt after it. The other requests decode on,
+    each to the tokens it gets alone."""
+    model = tiny_random_llama(vocab=64, seed=0).model
+    prompts = [[1, 5, 9, 13, 7, 22, 5, 9], [3, 4, 3, 4, 3, 4], [9, 8, 7, 6, 5]]
+    generation = GenerationParams(12, temperature=1.0, seed=3)
+
+    def ban_key_1_from_third(key, input_ids, scores):
+        if key == 1 and input_ids.shape[-1] >= len(prompts[1]) + 2:
+            return torch.full_like(scores, -float("inf"))
+        return scores
+    got = dict(decode_batch(model, [(k, p, k) for k, p in enumerate(prompts)], LookaheadParams(), generation,
+                            batch_size=batch_size, row_processor=ban_key_1_from_third))
+    assert isinstance(got[1], NoDistribution) and "new token 2 from" in str(got[1])
+    for k in (0, 2):
+        alone = lookahead_generate(model, prompts[k], LookaheadParams(), generation, request=k)
+        assert got[k].token_ids == alone.token_ids and len(alone.token_ids) == 12, k

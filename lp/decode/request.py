@@ -115,6 +115,7 @@ class RequestState:
         self.seen: torch.Tensor | None = None
         self.bans = RowBans(generation, seen_prompt.ids) if RowBans.wanted(generation) else None
         self.result = GenerationResult([], None, "", 0)
+        self.error: Exception | None = None      # why it ended without a result (fail)
         self.started = time.perf_counter()
         self._fit_window()
 
@@ -159,7 +160,11 @@ class RequestState:
 
     @property
     def done(self) -> bool:
-        return self.stopper.reason is not None
+        return self.stopper.reason is not None or self.error is not None
+
+    def fail(self, error: Exception) -> None:
+        """The request ends here with `error` instead of a result (its round commits nothing)."""
+        self.error = error
 
     @property
     def levels(self) -> list[list[int]]:
@@ -220,7 +225,10 @@ class RequestState:
         r.rows_per_round.append(len(plan.rnd))
         r.max_rows_per_round.append(max(decision.rows))
 
-    def finish(self) -> GenerationResult:
+    def finish(self) -> GenerationResult | Exception:
+        """The result, or the error the request failed with."""
+        if self.error is not None:
+            return self.error
         r = self.result
         r.decode_seconds = time.perf_counter() - self.started
         if self.streamer is not None:

@@ -87,6 +87,16 @@ def distribution(logits: torch.Tensor, warp: LogitsProcessorList) -> torch.Tenso
     return scores.softmax(-1).reshape(logits.shape)
 
 
+class NoDistribution(RuntimeError):
+    """A request's processed scores leave no token to draw (they hold NaN or +inf, or every token is
+    banned): generate fails there too. The request ends with it; the others decode on."""
+
+    def __init__(self, position: int):
+        super().__init__(f"sampling has no distribution to draw new token {position} from (its processed scores "
+                         f"hold NaN or inf, or every token is banned); generate fails here too: probability tensor "
+                         f"contains either inf, nan or element < 0")
+
+
 class Draws:
     """Uniform [0, 1) numbers addressed by position for one request: the draw of the request's k-th
     new token (k from 0) is u_k, whichever round, row or rank draws it."""

@@ -43,6 +43,7 @@ from lp.baseline import autoregressive_generate
 from lp.decode.arch import logits_size, position_limit
 from lp.decode.processors import vocabulary_problem
 from lp.decode.propose import job_cache
+from lp.decode.sampling import NoDistribution
 from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, decode_batch, lookahead_generate
 from lp.jobs.code import chat_completion, chat_message, parses
@@ -280,7 +281,7 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
         outcomes = ((prompt, ids, decode(cfg, loaded, ids, comm, request, shared, corpus))
                     for shared, (prompt, ids, request) in enumerate(claims()))
     for prompt, ids, (result, base) in outcomes:
-        if isinstance(result, Exception):     # a prompt the batch's cache cannot hold
+        if isinstance(result, Exception):     # a prompt the batch's cache cannot hold, or NoDistribution
             fail(prompt, ids, str(result))
             continue
         if corpus is not None and result.token_ids:
@@ -348,11 +349,20 @@ def measure_costs(cfg: JobConfig, loaded: LoadedModel, prompts: Sequence[Prompt]
     return costs
 
 
-def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
-           shared: int, corpus: SuffixIndex | None = None) -> tuple[GenerationResult, GenerationResult | None]:
+def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int, shared: int,
+           corpus: SuffixIndex | None = None) -> tuple[GenerationResult | Exception, GenerationResult | None]:
     """The job's decode of one prompt, and the baseline's when enabled. The baseline goes first on
     every other prompt, so warm-up and load drift do not favour either side. `corpus` is the
-    job-wide index of earlier completions (rank 0 only)."""
+    job-wide index of earlier completions (rank 0 only). A sampled decode (either) that finds no token
+    to draw is the prompt's error (NoDistribution), as decode_batch yields it."""
+    try:
+        return _decode_with_baseline(cfg, loaded, ids, comm, request, shared, corpus)
+    except NoDistribution as e:
+        return e, None
+
+
+def _decode_with_baseline(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
+                          shared: int, corpus: SuffixIndex | None) -> tuple[GenerationResult, GenerationResult | None]:
     def main() -> GenerationResult:
         if cfg.generation.method == "autoregressive":
             return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
