@@ -130,7 +130,16 @@ def tiny_random(family: str, vocab: int = 64, layers: int = 2, seed: int = 0, dt
     implementation is lp's choice for the family unless given (lp.decode.arch.attention_implementation:
     eager for soft-capped scores and attention sinks, else SDPA), the experts' transformers' default
     (float64 experts need "eager": transformers' grouped expert matmul has no double kernel)."""
-    config = family_config(family, vocab, layers, **overrides)
+    model = random_model(family_config(family, vocab, layers, **overrides), seed, dtype, attn_implementation,
+                         experts_implementation)
+    model.generation_config.update(eos_token_id=2, pad_token_id=0, bos_token_id=1)
+    return model
+
+
+def random_model(config, seed: int = 0, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None,
+                 experts_implementation: str | None = None) -> transformers.PreTrainedModel:
+    """transformers' causal LM of `config` in eval mode, its matrices redrawn at std `config.initializer_range`
+    from `seed` (the global RNG untouched): tiny_random's families and scripts/arch_sweep.py's types."""
     attn_implementation = attention_implementation(config, attn_implementation or "auto")
     with torch.random.fork_rng(devices=[]):      # seed a saved-and-restored CPU RNG: the global one untouched
         torch.random.default_generator.manual_seed(seed)
@@ -144,5 +153,4 @@ def tiny_random(family: str, vocab: int = 64, layers: int = 2, seed: int = 0, dt
                 p.normal_(0.0, std)
     model.to(dtype)
     model.config.dtype = dtype
-    model.generation_config.update(eos_token_id=2, pad_token_id=0, bos_token_id=1)
     return model.eval()

@@ -128,18 +128,8 @@ def small_config(model_type: str):
 def small_model(model_type: str):
     """A seeded random float64 model of `model_type` (SDPA, or eager where its class has no SDPA)."""
     import torch
-    import transformers
-    from lp.decode.arch import attention_implementation
-    config = small_config(model_type)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation=attention_implementation(config), experts_implementation="eager")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * config.initializer_range)
-    model = model.double().eval()
+    from lp.tiny import random_model
+    model = random_model(small_config(model_type), dtype=torch.float64, experts_implementation="eager")
     model.generation_config.update(eos_token_id=None, pad_token_id=0, bos_token_id=1)
     return model
 
