@@ -283,6 +283,26 @@ def test_an_unusable_output_dir_is_named(tmp_path, where, message):
             out=out, link=tmp_path / "link"), (check, result.output)
 
 
+@pytest.mark.parametrize("where", ["existing", "missing"])
+def test_check_refuses_an_output_dir_no_file_can_be_made_in(tmp_path, where):
+    """An existing directory that cannot be written to (a 555 one; as root, where permissions do not bind,
+    /proc/1), or a missing one under /proc: --check said "ok" for the first and for /proc paths, and the
+    run then failed at its lock file. Now both say the directory cannot be used, exit 1."""
+    if where == "missing":
+        out = Path("/proc") / f"lp-test-{os.getpid()}"
+    elif os.geteuid() == 0:
+        out = Path("/proc/1")
+    else:
+        out = tmp_path / "read-only"
+        out.mkdir()
+        out.chmod(0o555)
+    config = write_job(tmp_path)
+    for check in (["--check"], []):
+        result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", f"output.dir={out}", *check])
+        assert result.exit_code == 1 and result.stderr.startswith(f"error: output.dir {out} cannot be used: "), \
+            (check, result.output)
+
+
 def test_append_never_duplicates(tmp_path):
     cfg = load_config(write_job(tmp_path))
     job = JobDir(cfg.output.dir)

@@ -28,6 +28,7 @@ import fcntl
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -112,15 +113,17 @@ class JobDir:
 
     def check(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
               prompt_hashes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
-        """What `open` would refuse, without writing anything or keeping the lock: the records a run
-        would keep ({} with `fresh` or no directory yet); JobDirError for a path that cannot be a job's
-        directory (a file, under one, where it cannot be made, a results link to nowhere), one another
-        run holds, or corrupt results, ResumeRefused as `open`."""
+        """What `open` would refuse, without keeping anything written (a nameless probe file tells whether
+        files can be made there) or keeping the lock: the records a run would keep ({} with `fresh` or no
+        directory yet); JobDirError for a path that cannot be a job's directory (a file, under one, where
+        it cannot be made or written to, a results link to nowhere), one another run holds, or corrupt
+        results, ResumeRefused as `open`."""
         if self.dir.exists() and not self.dir.is_dir():
             raise JobDirError(f"output.dir {self.dir} is a file, not a directory")
         if not self.dir.exists():
             self._check_creatable()
             return {}
+        self._check_writable(self.dir)
         try:
             if (self.dir / LOCK_FILE).exists():       # taken and given back at once, as open would take it
                 with (self.dir / LOCK_FILE).open("r") as lock:
@@ -172,8 +175,8 @@ class JobDir:
 
     def _check_creatable(self) -> None:
         """JobDirError, as `open` would give it, where the missing directory could not be made: its nearest
-        existing ancestor is a file, a link to nowhere, or one this process cannot write to (nothing is
-        written to tell)."""
+        existing ancestor is a file, a link to nowhere, or one this process cannot write to (a nameless
+        probe file tells, _check_writable)."""
         parent = self.dir.parent            # relative as given, as open's message names it
         while not os.path.lexists(parent):
             parent = parent.parent
@@ -183,6 +186,16 @@ class JobDir:
             raise self._unusable(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.dir)))
         if not os.access(parent, os.W_OK | os.X_OK):
             raise self._unusable(PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.dir)))
+        self._check_writable(parent)
+
+    def _check_writable(self, directory: Path) -> None:
+        """JobDirError naming output.dir where no file can be made in `directory` (read-only, no permission
+        even where os.access says yes, /proc or /sys): a nameless temporary file tells, and is gone at once."""
+        try:
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as e:
+            raise self._unusable(type(e)(e.errno, e.strerror, str(self.dir))) from None
 
     def _unusable(self, e: OSError) -> JobDirError:
         if isinstance(e, JobDirError):
