@@ -283,6 +283,20 @@ def test_an_unusable_output_dir_is_named(tmp_path, where, message):
             out=out, link=tmp_path / "link"), (check, result.output)
 
 
+def test_fresh_with_a_model_name_that_finds_nothing_keeps_the_results(tmp_path):
+    """--fresh cleared the directory, then the model's name found nothing (exit 1): the finished run's
+    results, summary and samples were gone, config.yaml named the typo. The name is now looked up first."""
+    config = write_job(tmp_path)
+    run(config)
+    out = Path(load_config(config).output.dir)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {"results.jsonl", "summary.json", "samples.jsonl", "config.yaml"} <= set(before)
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--fresh", "--set",
+                                       "model.name=smollm2-135m-typo"])
+    assert result.exit_code == 1 and "cannot load model 'smollm2-135m-typo'" in result.stderr, result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 @pytest.mark.parametrize("where", ["existing", "missing"])
 def test_check_refuses_an_output_dir_no_file_can_be_made_in(tmp_path, where):
     """An existing directory that cannot be written to (a 555 one; as root, where permissions do not bind,

@@ -55,7 +55,7 @@ from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
 from lp.measure.cost_model import CURVE_PREFIX, budget_kwargs, row_costs
 from lp.messages import one_line
-from lp.models import LoadedModel, load_model, locate_model
+from lp.models import LoadedModel, ModelLoadError, load_model, locate_model
 from lp.parallel.dist import Comm
 
 logger = logging.getLogger("lp.jobs")
@@ -95,9 +95,10 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         try:
             prompts = load_prompts(cfg.data)
             logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
+            locate_model(cfg.model.name)    # a name that finds no model stops the job before open (--fresh) clears
             job = JobDir(cfg.output.dir)
             job.open(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
-        except (DataError, JobDirError, ResumeRefused, OSError) as e:
+        except (DataError, ModelLoadError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
     if comm.job_world > 1 and (status := comm.job_go(start_status(failure))):   # go / stop for every rank
         if first:
