@@ -209,6 +209,15 @@ def test_unknown_key_names_its_section_or_close_spelling(tmp_path):
     assert "is not a known section (it is a generation key)" in lines["max_new_tokens"]
 
 
+def test_a_prompt_file_with_the_humaneval_source_is_refused(tmp_path):
+    """data.path with data.source left at humaneval was silently ignored: the job decoded HumanEval."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"data": {"path": "prompts.jsonl"}}))
+    assert err.value.problems == ["data.path: 'prompts.jsonl' is not read when data.source is humaneval (the "
+                                  "installed HumanEval); for a prompt file set data.source: jsonl (or classeval)"]
+    assert load_config(write(tmp_path, {"data": {"source": "jsonl", "path": "prompts.jsonl"}})).data.path
+
+
 def test_lookahead_sizes_have_a_ceiling(tmp_path):
     """Sizes past what any device holds (which overflowed the allocator's arithmetic or asked it for
     100+ GB in a traceback) are config problems; the ceiling itself is allowed."""

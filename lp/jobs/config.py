@@ -172,6 +172,9 @@ class DataSection:
         if self.source == "classeval" and not self.path:
             out.append(f"data.path: {self.path!r} must be the path of ClassEval_data.json when data.source is "
                        f"classeval (from github.com/FudanSELab/ClassEval, data/ClassEval_data.json)")
+        if self.source == "humaneval" and self.path:     # it would be ignored: the job decodes HumanEval
+            out.append(f"data.path: {self.path!r} is not read when data.source is humaneval (the installed "
+                       f"HumanEval); for a prompt file set data.source: jsonl (or classeval)")
         if self.chat_template and "{prompt}" not in self.instruction:      # the raw modes do not read it
             out.append(f"data.instruction: {short_repr(self.instruction)} must contain {{prompt}} (where the prompt "
                        f"goes)")
