@@ -70,7 +70,7 @@ from bench_util import exit_on_term_and_hangup, seconds  # noqa: E402
 from lp.messages import one_line  # noqa: E402
 from lp.processes import stop_tree  # noqa: E402
 from lp.jobs.config import (ConfigError, baseline_section, differences, environment_problems,  # noqa: E402
-                             load_config_dict, yaml_text)
+                             load_config_dict, read_yaml, yaml_text)
 
 SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
                   "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
@@ -98,7 +98,7 @@ class SweepError(ValueError):
 def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
     """(base job mapping, grid, output dir from the file or None)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise SweepError(f"cannot read sweep file {path}: {one_line(e, named=False)}") from None
     if not isinstance(raw, dict) or "grid" not in raw:
@@ -117,7 +117,7 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
         if found is None:
             raise SweepError(f"{path}: base job config {base!r} not found")
         try:
-            base = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+            base = read_yaml(found.read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise SweepError(f"{path}: cannot read base job config {found}: {one_line(e, named=False)}") from None
     if not isinstance(base, dict):
@@ -212,7 +212,7 @@ def changed_points(planned: list[tuple[str, dict, dict]], out: Path) -> list[str
         if recorded is None:
             continue
         try:
-            old = yaml.safe_load(recorded.read_text(encoding="utf-8"))
+            old = read_yaml(recorded.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             found.append(f"{name} ({recorded} cannot be read: {one_line(e, named=False)})")
             continue

@@ -209,6 +209,18 @@ def test_unknown_key_names_its_section_or_close_spelling(tmp_path):
     assert "is not a known section (it is a generation key)" in lines["max_new_tokens"]
 
 
+def test_numbers_with_an_exponent_and_no_dot_are_numbers(tmp_path):
+    """PyYAML reads 1e-3 (YAML 1.2's float) as a string: `temperature: 5e-1` in a file or --set
+    generation.temperature=1e-30 was refused as "'1e-30' must be a number". A quoted one stays a string."""
+    cfg = load_config(write(tmp_path, {}), ["generation.temperature=5e-1", "distributed.timeout_s=1E3"])
+    assert cfg.generation.temperature == 0.5 and cfg.distributed.timeout_s == 1000.0
+    path = tmp_path / "exp.yaml"
+    path.write_text("generation:\n  temperature: 1e-30\n  top_p: .9e0\n")
+    assert (load_config(path).generation.temperature, load_config(path).generation.top_p) == (1e-30, 0.9)
+    with pytest.raises(ConfigError, match="generation.temperature: '1e-3' must be a number"):
+        load_config(write(tmp_path, {}), ["generation.temperature='1e-3'"])
+
+
 def test_a_prompt_file_with_the_humaneval_source_is_refused(tmp_path):
     """data.path with data.source left at humaneval was silently ignored: the job decoded HumanEval."""
     with pytest.raises(ConfigError) as err:

@@ -29,7 +29,7 @@ are JOB_LOOKAHEAD (the fastest configuration measured for the embedded job on
 a 2-core CPU), not the engine's own defaults (the paper's (15,5,15), no
 lookup). Command-line overrides `--set section.key=value` are applied to the
 raw mapping before checking; the
-value is read with yaml.safe_load, so `--set data.limit=null` and
+value is read as YAML (read_yaml: YAML 1.2 numbers such as 1e-3 included), so `--set data.limit=null` and
 `--set generation.stop='["\\n\\n"]'` work.
 
 Checking collects every problem and raises one ConfigError whose message has
@@ -302,14 +302,16 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     except OSError as e:
         raise ConfigError([f"cannot read config file {path}: {e.strerror or e}"]) from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        raw = read_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {one_line(e, named=False)}"], source=str(path)) from None
     return load_config_dict(raw, overrides, source=str(path))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently)."""
+    """yaml.safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently) and
+    reads 1e-30 and 5E3 as numbers, as YAML 1.2 does (PyYAML's YAML 1.1 reads an exponent without a dot as
+    a string, so `temperature: 1e-3` was refused as "must be a number")."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -325,6 +327,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"key {key!r} on line {line} was already given on line {seen[key]}")
             seen[key] = line
         return super().construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver(      # YAML 1.2's floats that YAML 1.1 misses: no dot, an exponent
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """A config's YAML (a file, a --set value, a sweep file): yaml.safe_load's reading with
+    _UniqueKeyLoader's two changes."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def baseline_section(value: Any) -> Any:
@@ -437,7 +450,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
             problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)")
             continue
         try:
-            value = yaml.safe_load(text)
+            value = read_yaml(text)
         except yaml.YAMLError as e:
             problems.append(f"--set {item!r}: the value is not valid YAML: {one_line(e, named=False)}")
             continue
