@@ -96,6 +96,16 @@ def _stderr_is_terminal() -> bool:
                    "model can be found, and exit without loading the model or writing anything.")
 def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool, check: bool) -> None:
     """Run a Lookahead Decoding job described by a YAML config (resumes an interrupted one)."""
+    try:
+        _main(config_path, overrides, quiet, force, fresh, check)
+    except KeyboardInterrupt:       # before or after the job (run_job's own: _exit_for): the same line and 130
+        _fail(INTERRUPTED, 130)
+
+
+INTERRUPTED = "interrupted; the results written so far are kept: run the same command again to resume"
+
+
+def _main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool, fresh: bool, check: bool) -> None:
     if force and fresh:
         raise click.UsageError("--force (resume despite a changed config) and --fresh (discard the results) "
                                "exclude each other: give one")
@@ -159,8 +169,7 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     except StartRefused as e:
         _fail(f"{_rank_prefix(comm)}{e}", e.status)
     except KeyboardInterrupt:
-        _fail(f"{_rank_prefix(comm)}interrupted; the results written so far are kept: run the same command "
-              f"again to resume", 130)
+        _fail(f"{_rank_prefix(comm)}{INTERRUPTED}", 130)
     except Terminated:
         _fail(f"{_rank_prefix(comm)}terminated (SIGTERM); the results written so far are kept: run the same "
               f"command again to resume", 143)

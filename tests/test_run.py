@@ -706,3 +706,15 @@ def test_classeval_job_without_the_file_fails_with_one_line(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ClassEval file not found") and "FudanSELab/ClassEval" in line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["check", "setup"])
+def test_ctrl_c_before_the_job_is_the_interrupted_line_and_130(tmp_path, monkeypatch, where):
+    """Ctrl-C during --check or the distributed setup (a multi-node rendezvous can wait minutes) gave
+    click's 'Aborted!' and exit 1; only run_job's own interrupt had the documented line and 130."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(lp.run, "check_job" if where == "check" else "init_distributed", interrupted)
+    config, _ = write_job(tmp_path, [{"task_id": "t0", "prompt": "abc"}])
+    result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *(["--check"] if where == "check" else [])])
+    assert result.exit_code == 130 and result.stderr.strip() == f"error: {lp.run.INTERRUPTED}", result.output
