@@ -221,6 +221,13 @@ def test_numbers_with_an_exponent_and_no_dot_are_numbers(tmp_path):
         load_config(write(tmp_path, {}), ["generation.temperature='1e-3'"])
 
 
+def test_a_tilde_in_paths_is_the_home_directory(tmp_path, monkeypatch):
+    """output.dir and data.path starting with ~ made a directory named '~' where the job ran."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(write(tmp_path, {"data": {"source": "jsonl", "path": "~/p.jsonl"}, "output": {"dir": "~/out"}}))
+    assert (cfg.data.path, cfg.output.dir) == (str(tmp_path / "home" / "p.jsonl"), str(tmp_path / "home" / "out"))
+
+
 def test_a_prompt_file_with_the_humaneval_source_is_refused(tmp_path):
     """data.path with data.source left at humaneval was silently ignored: the job decoded HumanEval."""
     with pytest.raises(ConfigError) as err:

@@ -363,3 +363,19 @@ def test_job_cache_is_rebuilt_in_task_order_on_resume(tmp_path):
     for a, b in zip(resumed, whole):
         assert (a["task_id"], a["forwards"], a["emitted_per_round"]) == (b["task_id"], b["forwards"],
                                                                          b["emitted_per_round"])
+
+
+def test_a_resume_removes_the_finished_runs_files_until_it_finishes(tmp_path):
+    """samples.jsonl (and eval.jsonl) outlived an interrupted resume: after it, samples.jsonl still held the
+    earlier run's completions, fewer than results.jsonl's records. A resume now removes them with
+    summary.json when it opens, and its finish writes them again."""
+    cfg = load_config(write_job(tmp_path))
+    job = JobDir(cfg.output.dir)
+    job.open(cfg)
+    job.finish({"prompts": 1}, [{"task_id": "t0", "completion": "x"}], [{"task_id": "t0", "passed": True}])
+    job.close()
+    assert job.samples_path.exists() and job.eval_path.exists() and job.summary_path.exists()
+    again = JobDir(cfg.output.dir)
+    again.open(cfg)          # a resume that is then interrupted: it never finishes
+    again.close()
+    assert not (again.samples_path.exists() or again.eval_path.exists() or again.summary_path.exists())

@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -378,6 +379,9 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
         mistyped = {line.split(":", 1)[0] for line in type_problems}
         problems += type_problems
         problems += [line for line in sections[name].problems() if line.split(":", 1)[0] not in mistyped]
+    for section, key in (("data", "path"), ("output", "dir")):    # ~ is the home directory, as for model.name
+        if isinstance(value := getattr(sections[section], key), str) and value.startswith("~"):
+            setattr(sections[section], key, os.path.expanduser(value))
     generation = raw.get("generation")
     if not (isinstance(generation, dict) and "stop" in generation):
         sections["generation"].stop = default_stop(sections["data"])

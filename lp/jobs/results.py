@@ -101,7 +101,8 @@ class JobDir:
             if self.records:
                 self._check_resume(cfg, force, prompt_hashes)
                 logger.info("resuming %s: %d results kept", self.dir, self.kept)
-            self.summary_path.unlink(missing_ok=True)  # summary.json exists only for a finished run
+            for path in (self.summary_path, self.samples_path, self.eval_path):   # a finished run's: written
+                path.unlink(missing_ok=True)              # again when this one finishes, of all its records
             write_atomic(self.config_path, cfg.to_yaml())
             self._results = self.results_path.open("a", encoding="utf-8")
         except OSError as e:
