@@ -230,8 +230,8 @@ def tokens_per_second(tokens: int, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else format(value, spec) + unit
 
 
 def report(summary: dict[str, Any], cfg: JobConfig) -> str:
@@ -257,12 +257,12 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
         f"{summary['dp_size']} LP group{'s' if summary['dp_size'] != 1 else ''} of {summary['lp_size']} "
         f"(prompts per group {'/'.join(str(g['prompts']) for g in summary['groups']) or '-'}); this run: "
         f"{summary['job_prompts']} prompts{_errors_note(summary['job_errors'])} in "
-        f"{_fmt(summary['wall_seconds'], '.1f')} s wall "
-        f"(after {_fmt(summary['startup_seconds'], '.1f')} s of start-up), "
+        f"{_fmt(summary['wall_seconds'], '.1f', ' s')} wall "
+        f"(after {_fmt(summary['startup_seconds'], '.1f', ' s')} of start-up), "
         f"{_fmt(summary['job_prompts_per_second'], '.2f')} prompts/s, "
         f"{_fmt(summary['job_tokens_per_second'], '.1f')} tokens/s; latency p50 "
-        f"{_fmt(summary['latency_p50_s'], '.2f')} s, p95 {_fmt(summary['latency_p95_s'], '.2f')} s, max "
-        f"{_fmt(summary['latency_max_s'], '.2f')} s",
+        f"{_fmt(summary['latency_p50_s'], '.2f', ' s')}, p95 {_fmt(summary['latency_p95_s'], '.2f', ' s')}, max "
+        f"{_fmt(summary['latency_max_s'], '.2f', ' s')}",
     ]
     if "speedup" in summary:
         lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
