@@ -555,6 +555,16 @@ def test_set_problems_are_collected_with_file_problems(tmp_path):
     assert keys == {"lookahead.ngram", "lookahead.window", "--set 'oops'"}
 
 
+def test_a_set_without_its_section_names_the_section(tmp_path):
+    """--set lp_size=2 (the sweep grid's shorthand) said only 'expected section.key=value'."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {}), ["lp_size=2", "foo=1"])
+    assert err.value.problems == [
+        "--set 'lp_size=2': expected section.key=value (e.g. lookahead.window=7); lp_size is a distributed key: "
+        "--set distributed.lp_size=2",
+        "--set 'foo=1': expected section.key=value (e.g. lookahead.window=7)"]
+
+
 def test_problem_lines_name_value_and_allowed_values(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, {"model": {"dtype": "half"}, "data": {"source": "csv"}}))

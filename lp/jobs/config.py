@@ -451,7 +451,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
         parts = target.strip().split(".")
         shorthand = parts == ["baseline"]  # --set baseline=true, like `baseline: true` in a file
         if not sep or (len(parts) != 2 and not shorthand) or not all(parts):
-            problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)")
+            section = _section_of_key().get(parts[-1]) if sep and len(parts) == 1 else None
+            problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)"
+                            + (f"; {parts[0]} is a {section} key: --set {section}.{item.strip()}" if section else ""))
             continue
         try:
             value = read_yaml(text)
