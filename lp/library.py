@@ -249,7 +249,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         raise ValueError("generate.max_new_tokens: None; lp.generate needs the number of new tokens (it takes no "
                          "max_length)")
     if seed is None:    # unseeded: a seed from torch's global generator, as the drop-in draws (torch.manual_seed)
-        seed = draw_seed()
+        seed = draw_seed() if do_sample else 0
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,

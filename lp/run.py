@@ -99,7 +99,7 @@ def main(config_path: str, overrides: tuple[str, ...], quiet: bool, force: bool,
     try:
         _main(config_path, overrides, quiet, force, fresh, check)
     except KeyboardInterrupt:       # before or after the job (run_job's own: _exit_for): the same line and 130
-        _fail(INTERRUPTED, 130)
+        _fail("interrupted; --check writes nothing" if check else INTERRUPTED, 130)
 
 
 INTERRUPTED = "interrupted; the results written so far are kept: run the same command again to resume"

@@ -196,17 +196,20 @@ def test_all_problems_are_reported_one_line_each(tmp_path):
 def test_unknown_key_names_its_section_or_close_spelling(tmp_path):
     """A key put in the wrong section names the section it belongs to; a misspelt key or section names the
     close known one; a key like no other gets neither."""
-    mapping = {"generation": {"window": 3, "max_new_token": 8}, "model": {"temperature": 0.5},
-               "lookahead": {"zzz": 1}, "generaton": {}, "max_new_tokens": 9}
+    mapping = {"generation": {"window": 3, "max_new_token": 8}, "model": {"temperature": 0.5, "path": "m"},
+               "lookahead": {"zzz": 1}, "generaton": {}, "max_new_tokens": 9, "data": {"dir": "d"}}
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, mapping))
     lines = {line.split(":", 1)[0]: line for line in err.value.problems}
-    assert "is not a known key (it is a lookahead key); generation keys are" in lines["generation.window"]
+    assert "is not a known key (it belongs in lookahead: lookahead.window); generation keys are" in \
+        lines["generation.window"]
     assert "(did you mean generation.max_new_tokens?)" in lines["generation.max_new_token"]
-    assert "(it is a generation key)" in lines["model.temperature"]
+    assert "(it belongs in generation: generation.temperature)" in lines["model.temperature"]
     assert "is not a known key; lookahead keys are" in lines["lookahead.zzz"]
+    assert "(did you mean model.name?)" in lines["model.path"]        # not data.path: that is the prompt file
+    assert "(did you mean data.path?)" in lines["data.dir"]
     assert "is not a known section (did you mean generation?)" in lines["generaton"]
-    assert "is not a known section (it is a generation key)" in lines["max_new_tokens"]
+    assert "is not a known section (it belongs in generation: generation.max_new_tokens)" in lines["max_new_tokens"]
 
 
 def test_numbers_with_an_exponent_and_no_dot_are_numbers(tmp_path):
@@ -226,6 +229,18 @@ def test_a_tilde_in_paths_is_the_home_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = load_config(write(tmp_path, {"data": {"source": "jsonl", "path": "~/p.jsonl"}, "output": {"dir": "~/out"}}))
     assert (cfg.data.path, cfg.output.dir) == (str(tmp_path / "home" / "p.jsonl"), str(tmp_path / "home" / "out"))
+
+
+def test_text_that_reads_as_a_number_is_quoted_in_config_yaml(tmp_path):
+    """read_yaml takes 1e5 for a number: config.yaml wrote the stop string "1e5" bare, and the resume read
+    it back as 100000.0 and refused the recorded config."""
+    given = tmp_path / "job.yaml"
+    given.write_text('generation:\n  stop: ["1e5", x]\nmodel:\n  name: "2E3"\n')
+    cfg = load_config(given)
+    recorded = tmp_path / "config.yaml"
+    recorded.write_text(cfg.to_yaml())
+    again = load_config(recorded)
+    assert again.generation.stop == ("1e5", "x") and again.model.name == "2E3" and again == cfg
 
 
 def test_a_prompt_file_with_the_humaneval_source_is_refused(tmp_path):
@@ -560,7 +575,7 @@ def test_a_set_without_its_section_names_the_section(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, {}), ["lp_size=2", "foo=1"])
     assert err.value.problems == [
-        "--set 'lp_size=2': expected section.key=value (e.g. lookahead.window=7); lp_size is a distributed key: "
+        "--set 'lp_size=2': expected section.key=value (e.g. lookahead.window=7); lp_size belongs in distributed: "
         "--set distributed.lp_size=2",
         "--set 'foo=1': expected section.key=value (e.g. lookahead.window=7)"]
 

@@ -812,3 +812,6 @@ def test_generate_seed_none_draws_from_torchs_generator(model):
     torch.manual_seed(3)
     assert draw() == first and second != first
     assert first != [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=12, do_sample=True, seed=0)]
+    state = torch.get_rng_state()          # greedy draws nothing, so it leaves torch's generator as it was
+    lp.generate(model, PROMPTS[0], max_new_tokens=4, seed=None)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -127,7 +127,7 @@ def test_a_prompt_with_nothing_to_draw_is_an_error_record_and_the_job_goes_on(tm
     every rerun at the same prompt, and a batch lost all its prompts. Now that prompt alone gets an error
     record (lookahead's, and generate's as the autoregressive method or the baseline), the others decode."""
     import string
-    tasks = [("short1", "ab"), ("long", string.ascii_letters + string.digits), ("short2", "cd")]
+    tasks = [("long", string.ascii_letters + string.digits), ("short1", "ab"), ("short2", "cd")]   # baseline first
     generation = {"temperature": 1.0, "no_repeat_ngram_size": 1, "max_new_tokens": 40, "min_new_tokens": 40,
                   **sections.get("generation", {})}
     config = write_job(tmp_path, prompt_lines(tasks), generation=generation,
@@ -136,3 +136,19 @@ def test_a_prompt_with_nothing_to_draw_is_an_error_record_and_the_job_goes_on(tm
     assert sorted(got) == ["long", "short1", "short2"]
     assert "no distribution to draw new token 11 from" in got["long"]["error"] and not got["long"]["token_ids"]
     assert all(got[t]["error"] is None and len(got[t]["token_ids"]) == 40 for t in ("short1", "short2"))
+
+
+def test_a_baseline_with_nothing_to_draw_leaves_the_record_without_a_baseline(tmp_path, monkeypatch):
+    """generate's draws are its own: where the baseline alone finds nothing to draw, the prompt's lookahead
+    record stands, without the baseline's fields (it was the prompt's error, and with the baseline first
+    lookahead was never tried)."""
+    import lp.jobs.runner
+    from lp.decode.sampling import NoDistribution
+
+    def no_distribution(*args, **kwargs):
+        raise NoDistribution(3)
+    monkeypatch.setattr(lp.jobs.runner, "autoregressive_generate", no_distribution)
+    config = write_job(tmp_path, prompt_lines(TASKS[:2]), generation=SAMPLING, baseline={"enabled": True})
+    got = run_one(config, tmp_path / "out")
+    assert [r["task_id"] for r in got] == ["s/0", "s/1"]
+    assert all(r["error"] is None and r["token_ids"] and "baseline_token_ids" not in r for r in got)

@@ -249,11 +249,11 @@ class JobConfig:
 
 
 def yaml_text(data: Any) -> str:
-    """`data` as YAML that reads back to it: non-ASCII text as written, but where PyYAML would write a
-    character its reader takes for a line break (U+0085, U+2028, U+2029 in a plain or single-quoted
-    string), all of it escaped."""
-    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    return text if yaml.safe_load(text) == data else yaml.safe_dump(data, sort_keys=False)
+    """`data` as YAML that reads back to it (read_yaml): non-ASCII text as written, but where PyYAML would
+    write a character its reader takes for a line break (U+0085, U+2028, U+2029 in a plain or
+    single-quoted string), all of it escaped; text that read_yaml would read as a number ("1e5") quoted."""
+    text = yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, allow_unicode=True)
+    return text if read_yaml(text) == data else yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False)
 
 
 def _lists(value: Any) -> Any:
@@ -330,9 +330,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-_UniqueKeyLoader.add_implicit_resolver(      # YAML 1.2's floats that YAML 1.1 misses: no dot, an exponent
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+class _ConfigDumper(yaml.SafeDumper):
+    """yaml.safe_dump that quotes text read_yaml would read as a number (its resolver, below)."""
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+for _cls in (_UniqueKeyLoader, _ConfigDumper):     # YAML 1.2's floats that YAML 1.1 misses: no dot, an exponent
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def read_yaml(text: str) -> Any:
@@ -453,7 +457,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
         if not sep or (len(parts) != 2 and not shorthand) or not all(parts):
             section = _section_of_key().get(parts[-1]) if sep and len(parts) == 1 else None
             problems.append(f"--set {item!r}: expected section.key=value (e.g. lookahead.window=7)"
-                            + (f"; {parts[0]} is a {section} key: --set {section}.{item.strip()}" if section else ""))
+                            + (f"; {parts[0]} belongs in {section}: --set {section}.{item.strip()}" if section else ""))
             continue
         try:
             value = read_yaml(text)
@@ -473,13 +477,20 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> list[str]:
     return problems
 
 
+# keys put in the section of a neighbouring idea: what they most likely meant
+_MEANT = {("model", "path"): "model.name",      # it takes a local directory or a .gguf file too
+          ("output", "path"): "output.dir", ("data", "dir"): "data.path"}
+
+
 def _key_hint(name: str, key: Any, known: list[str], elsewhere: dict[str, str] | None) -> str:
-    """' (it is a <section> key)' or ' (did you mean <name>.<key>?)' for an unknown key (a section's name
-    when `name` is ''), else ''."""
+    """' (it belongs in <section>: <section>.<key>)' or ' (did you mean <name>.<key>?)' for an unknown key
+    (a section's name when `name` is ''), else ''."""
     if not isinstance(key, str):
         return ""
+    if (name, key) in _MEANT:
+        return f" (did you mean {_MEANT[name, key]}?)"
     if elsewhere and key in elsewhere:
-        return f" (it is a {elsewhere[key]} key)"
+        return f" (it belongs in {elsewhere[key]}: {elsewhere[key]}.{key})"
     close = close_key(key, known)
     return f" (did you mean {name + '.' if name else ''}{close}?)" if close else ""
 

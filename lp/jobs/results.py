@@ -114,8 +114,8 @@ class JobDir:
 
     def check(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
               prompt_hashes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
-        """What `open` would refuse, without keeping anything written (a nameless probe file tells whether
-        files can be made there) or keeping the lock: the records a run would keep ({} with `fresh` or no
+        """What `open` would refuse, without keeping anything written (a probe file, removed at once, tells
+        whether files can be made there) or keeping the lock: the records a run would keep ({} with `fresh` or no
         directory yet); JobDirError for a path that cannot be a job's directory (a file, under one, where
         it cannot be made or written to, a results link to nowhere), one another run holds, or corrupt
         results, ResumeRefused as `open`."""
@@ -176,8 +176,8 @@ class JobDir:
 
     def _check_creatable(self) -> None:
         """JobDirError, as `open` would give it, where the missing directory could not be made: its nearest
-        existing ancestor is a file, a link to nowhere, or one this process cannot write to (a nameless
-        probe file tells, _check_writable)."""
+        existing ancestor is a file, a link to nowhere, or one this process cannot write to (a probe file
+        tells, _check_writable)."""
         parent = self.dir.parent            # relative as given, as open's message names it
         while not os.path.lexists(parent):
             parent = parent.parent
@@ -191,12 +191,14 @@ class JobDir:
 
     def _check_writable(self, directory: Path) -> None:
         """JobDirError naming output.dir where no file can be made in `directory` (read-only, no permission
-        even where os.access says yes, /proc or /sys): a nameless temporary file tells, and is gone at once."""
+        even where os.access says yes, /proc or /sys): a probe file (.lp-probe-*) tells, closed and removed
+        at once."""
         try:
-            with tempfile.TemporaryFile(dir=directory):
-                pass
+            handle, name = tempfile.mkstemp(prefix=".lp-probe-", dir=directory)
         except OSError as e:
             raise self._unusable(type(e)(e.errno, e.strerror, str(self.dir))) from None
+        os.close(handle)
+        Path(name).unlink(missing_ok=True)
 
     def _unusable(self, e: OSError) -> JobDirError:
         if isinstance(e, JobDirError):

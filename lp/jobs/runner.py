@@ -354,33 +354,33 @@ def decode(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, requ
            corpus: SuffixIndex | None = None) -> tuple[GenerationResult | Exception, GenerationResult | None]:
     """The job's decode of one prompt, and the baseline's when enabled. The baseline goes first on
     every other prompt, so warm-up and load drift do not favour either side. `corpus` is the
-    job-wide index of earlier completions (rank 0 only). A sampled decode (either) that finds no token
-    to draw is the prompt's error (NoDistribution), as decode_batch yields it."""
-    try:
-        return _decode_with_baseline(cfg, loaded, ids, comm, request, shared, corpus)
-    except NoDistribution as e:
-        return e, None
+    job-wide index of earlier completions (rank 0 only). A sampled decode that finds no token to draw
+    is the prompt's error (NoDistribution), as decode_batch yields it; the baseline's (its draws are
+    generate's own) is logged and leaves the record without a baseline."""
+    def main() -> GenerationResult | Exception:
+        try:
+            if cfg.generation.method == "autoregressive":
+                return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
+                                               tokenizer=loaded.tokenizer, request=request)
+            return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
+                                      eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
+                                      request=request, corpus=corpus, compile_mode=cfg.model.compile)
+        except NoDistribution as e:
+            return e
 
-
-def _decode_with_baseline(cfg: JobConfig, loaded: LoadedModel, ids: list[int], comm: Comm, request: int,
-                          shared: int, corpus: SuffixIndex | None) -> tuple[GenerationResult, GenerationResult | None]:
-    def main() -> GenerationResult:
-        if cfg.generation.method == "autoregressive":
+    def baseline() -> GenerationResult | None:
+        try:
             return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
                                            tokenizer=loaded.tokenizer, request=request)
-        return lookahead_generate(loaded.model, ids, cfg.lookahead, cfg.generation,
-                                  eos_token_ids=loaded.eos_token_ids, tokenizer=loaded.tokenizer, comm=comm,
-                                  request=request, corpus=corpus, compile_mode=cfg.model.compile)
-
-    def baseline() -> GenerationResult:
-        return autoregressive_generate(loaded.model, ids, cfg.generation, eos_token_ids=loaded.eos_token_ids,
-                                       tokenizer=loaded.tokenizer, request=request)
+        except NoDistribution as e:
+            logger.warning("baseline (generate): %s", e)
+            return None
 
     if not cfg.baseline.enabled:
         return main(), None
     if shared % 2:
         result = main()
-        return result, baseline()
+        return result, None if isinstance(result, Exception) else baseline()
     base = baseline()
     return main(), base
 

@@ -266,7 +266,7 @@ def report(summary: dict[str, Any], cfg: JobConfig) -> str:
     ]
     if "speedup" in summary:
         lines.append(f"baseline (generate): {_fmt(summary['baseline_tokens_per_second'], '.1f')} tokens/s, "
-                     f"speedup {_fmt(summary['speedup'], '.2f')}{'x' if summary['speedup'] is not None else ''}, "
+                     f"speedup {_fmt(summary['speedup'], '.2f', 'x')}, "
                      f"ids equal to the baseline on "
                      f"{_fmt(summary['baseline_ids_equal_fraction'], '.1%')} of {summary['baseline_prompts']} prompts")
     if "parsed" in summary:
