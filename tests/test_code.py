@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lp.jobs.code import (CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, chat_completion, chat_message,
-                          extract_code, import_lines, parses, with_imports)
+                          extract_code, import_lines, parses, starts_in_code_block, with_imports)
 
 CODE = "def add(a, b):\n    return a + b"
 
@@ -112,6 +112,34 @@ def test_a_body_continuation_gets_no_imports():
     assert with_imports("\n\n" + body, PROMPT) == "\n\n" + body
 
 
+def test_a_body_that_starts_with_a_column_0_comment_gets_no_imports():
+    """Python ignores comments for indentation: a body-only answer that opens with a column-0 comment
+    continues the prompt's function. Imports put before it made `prompt + completion` an IndentationError."""
+    body = "# check every pair\n    return math.fsum(xs)\n"
+    assert with_imports(body, PROMPT) == body
+    assert parses('def f(xs):\n    "doc"\n' + with_imports(body, PROMPT))
+    assert with_imports("# a helper\ndef g():\n    return 1", PROMPT).startswith("import math\n")
+
+
+def test_a_crlf_closing_fence_and_longer_fences_close_the_block():
+    """A closing fence ending in \\r\\n was not one (the completion ran into the prose after it); a block
+    opened with four backticks was not a block, and closes only at four or more."""
+    assert extract_code("```python\r\ndef f():\r\n    return 1\r\n```\r\nThis returns one.\r\n") == \
+        "def f():\r\n    return 1"
+    assert extract_code("````python\n" + CODE + "\n    ```\n````\nprose") == CODE + "\n    ```"
+    assert extract_code("```python\n" + CODE + "\n````\nprose") == CODE
+
+
+def test_the_default_stop_needs_a_response_prefix_that_opens_the_block():
+    """With a prefix that does not open a block, "\\n```" stopped the answer at its own opening fence
+    after a line of prose: the chat mode then stops at no string."""
+    from lp.jobs.config import DataSection, default_stop
+    assert starts_in_code_block(RESPONSE_PREFIX) and starts_in_code_block("Sure:\n```py")
+    assert not starts_in_code_block("") and not starts_in_code_block("```python\nx = 1")
+    assert default_stop(DataSection()) == CHAT_CODE_STOP
+    assert default_stop(DataSection(response_prefix="")) == ()
+
+
 def test_chat_completion_extracts_then_completes_the_imports():
     response = "```python\ndef f(xs: List[float]) -> float:\n    return sum(xs)"
     assert chat_completion(response, PROMPT) == ("import math\nfrom typing import List\n\n"
@@ -120,6 +148,8 @@ def test_chat_completion_extracts_then_completes_the_imports():
 
 
 @pytest.mark.parametrize("code,ok", [(CODE, True), ("", True), ("def f(:\n", False), ("x = 1.0f", False),
-                                     ("(" * 300 + ")" * 300, False), ("a = 1\0", False)])
+                                     ("(" * 300 + ")" * 300, False), ("a = 1\0", False),
+                                     ("return 1\n", False), ("break\n", False), ("def f(a, a):\n    pass", False),
+                                     ("s = '\\d'", True)])     # the compiler's checks; a SyntaxWarning is no failure
 def test_parses(code, ok):
     assert parses(code) is ok

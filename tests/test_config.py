@@ -462,7 +462,7 @@ def test_differences_ignore_the_keys_that_do_not_change_results():
     # the baseline also takes batch_size's default to 1 (it times one prompt at a time)
     assert [line.split(":", 1)[0] for line in changed] == ["lookahead.window", "generation.stop",
                                                            "generation.batch_size", "baseline.enabled"]
-    chat = load_config_dict({"data": {"instruction": "Fix: {prompt}", "response_prefix": ""}})
+    chat = load_config_dict({"data": {"instruction": "Fix: {prompt}", "response_prefix": "```py"}})
     assert [line.split(":", 1)[0] for line in differences(base, chat)] == ["data.instruction", "data.response_prefix"]
     assert "lookahead.window: 0 -> 7" in changed
     # the raw mode reads neither: with chat_template false in both configs they change no record

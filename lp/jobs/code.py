@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 CODE_INSTRUCTION = "Complete the body of the following Python code:\n```python\n{prompt}\n```"
 RESPONSE_PREFIX = "```python"
@@ -26,8 +27,13 @@ CHAT_CODE_STOP = ("\n```",)
 
 # a fence line as Markdown (CommonMark) reads one: at most 3 spaces before it (an indented ``` line, such as
 # one in a docstring's example, is code, not the block's end)
-_OPENING = re.compile(r"^ {0,3}```[^`\n]*$", re.M)   # ``` with an optional language tag
-_CLOSING = re.compile(r"^ {0,3}```[ \t]*$", re.M)
+_OPENING = re.compile(r"^ {0,3}(```+)[^`\n]*$", re.M)   # 3 or more backticks, an optional language tag
+
+
+def _closing(ticks: int) -> re.Pattern:
+    """The line that closes a block opened with `ticks` backticks: at least as many, nothing after them
+    but spaces (and a CRLF answer's \\r)."""
+    return re.compile(rf"^ {{0,3}}`{{{ticks},}}[ \t]*\r?$", re.M)
 _IMPORT = re.compile(r"^(?:import|from)[ \t]+\S")
 
 
@@ -44,8 +50,8 @@ def extract_code(response: str) -> str:
     if opening is None:
         return response
     start = min(opening.end() + 1, len(response))  # the line after the fence
-    closing = _CLOSING.search(response, start)
-    return response[start:len(response) if closing is None else closing.start()].rstrip("\n")
+    closing = _closing(len(opening.group(1))).search(response, start)
+    return response[start:len(response) if closing is None else closing.start()].rstrip("\r\n")
 
 
 def import_lines(code: str) -> list[str]:
@@ -71,10 +77,10 @@ def _an_import(line: str) -> bool:
 
 
 def with_imports(code: str, prompt: str) -> str:
-    """`code` preceded by the prompt's import lines it does not contain. Blank code, and code that
-    starts indented (a function body that continues the prompt, which holds the imports), are left
-    as they are."""
-    first = next((line for line in code.splitlines() if line.strip()), "")
+    """`code` preceded by the prompt's import lines it does not contain. Code with no statement, and
+    code whose first statement line (comments do not count, as for Python's indentation) is indented
+    (a function body that continues the prompt, which holds the imports), are left as they are."""
+    first = next((line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
     have = set(import_lines(code))
     missing = [line for line in import_lines(prompt) if line not in have]
     if not missing or not first or first[:1] in (" ", "\t"):
@@ -88,9 +94,18 @@ def chat_completion(response: str, prompt: str) -> str:
 
 
 def parses(code: str) -> bool:
-    """Whether `code` is syntactically valid Python (ast.parse; nothing is run)."""
+    """Whether `code` compiles as Python (compile(): ast.parse's syntax and the compiler's checks, such as
+    'return' outside a function, which the evaluation would fail on too; nothing is run)."""
     try:
-        ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: NUL bytes
+        with warnings.catch_warnings():       # SyntaxWarnings (an invalid escape) are not failures
+            warnings.simplefilter("ignore")
+            compile(code, "<completion>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):  # ValueError: NUL bytes
         return False
     return True
+
+
+def starts_in_code_block(response_prefix: str) -> bool:
+    """Whether an answer opened with `response_prefix` starts inside a fenced block (its last line is an
+    opening fence), so that the first fence at the start of a line is the block's end."""
+    return bool(_OPENING.fullmatch(response_prefix.rsplit("\n", 1)[-1]))

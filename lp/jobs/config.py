@@ -59,7 +59,7 @@ import yaml
 
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
-from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
+from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, starts_in_code_block
 from lp.messages import lone_surrogate, one_line, short_repr
 from lp.models import ATTN_IMPLEMENTATIONS, CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
@@ -398,10 +398,11 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
 
 
 def default_stop(data: DataSection) -> tuple[str, ...]:
-    """`generation.stop` when the job leaves it out: the closing fence in the chat mode, the
-    code-completion stop strings for raw code prompts, none for JSONL."""
+    """`generation.stop` when the job leaves it out: the closing fence in the chat mode where the response
+    prefix opens the block (otherwise "\\n```" would stop at the answer's own opening fence after a line of
+    prose: none), the code-completion stop strings for raw code prompts, none for JSONL."""
     if data.chat_template:
-        return CHAT_CODE_STOP
+        return CHAT_CODE_STOP if starts_in_code_block(data.response_prefix) else ()
     return CODE_COMPLETION_STOP if data.source in CODE_SOURCES else ()
 
 
