@@ -286,3 +286,32 @@ def test_rounds_on_cuda_leave_cudnn_attention_out(monkeypatch):
     ids = torch.tensor([[3, 5, 7]])
     kv_cache.forward_logits(model, ids, torch.arange(3)[None], None, DynamicCache(), 1)
     assert devices == [ids.device]
+
+
+def test_the_collector_leaves_the_heap_of_before_the_decode_alone(models, monkeypatch):
+    """While decode_batch runs, the objects that existed before it are frozen (full collections walked the
+    model and its libraries mid-batch: 230-270 ms pauses, scripts/bench_gc.py); they thaw when it ends,
+    also when the caller stops early. A caller's own freeze, or a collector turned off, is left alone."""
+    import gc
+    model = models("llama")
+    assert gc.get_freeze_count() == 0
+    counts = [gc.get_freeze_count() for _ in decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS[:3])],
+                                                           CONFIGS["job"], GenerationParams(8), batch_size=2)]
+    assert min(counts) > 0 and gc.get_freeze_count() == 0
+    early = decode_batch(model, [(i, p, i) for i, p in enumerate(PROMPTS[:3])], CONFIGS["job"], GenerationParams(8))
+    next(early)
+    assert gc.get_freeze_count() > 0
+    early.close()
+    assert gc.get_freeze_count() == 0
+    calls = []
+    for name in ("freeze", "unfreeze"):
+        monkeypatch.setattr(gc, name, lambda name=name, real=getattr(gc, name): (calls.append(name), real())[1])
+    for caller_froze in (True, False):       # the caller's own freeze; then the collector off
+        gc.freeze() if caller_froze else gc.disable()
+        calls.clear()
+        try:
+            list(decode_batch(model, [(0, PROMPTS[0], 0)], CONFIGS["job"], GenerationParams(8)))
+            during = list(calls)
+        finally:
+            gc.unfreeze() if caller_froze else gc.enable()
+        assert during == [], caller_froze
