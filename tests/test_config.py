@@ -231,6 +231,21 @@ def test_a_tilde_in_paths_is_the_home_directory(tmp_path, monkeypatch):
     assert (cfg.data.path, cfg.output.dir) == (str(tmp_path / "home" / "p.jsonl"), str(tmp_path / "home" / "out"))
 
 
+def test_only_true_and_false_are_booleans(tmp_path):
+    """YAML 1.1 reads off, on, yes and no as booleans: `model.compile: off`, as the docs write it, was
+    refused as "False must be a string", and `baseline.enabled: yes` taken for true. Read as YAML 1.2 they
+    are text: compile's off is off, and a boolean key given yes is named with why."""
+    assert load_config(write(tmp_path, {}), ["model.compile=off"]).model.compile == "off"
+    path = tmp_path / "y.yaml"
+    path.write_text("model:\n  compile: off\nbaseline: on\nlookahead:\n  job_cache: yes\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    why = "(lp reads YAML 1.2, where yes, no, on and off are text)"
+    assert sorted(err.value.problems) == [f"baseline: 'on' must be true, false or a mapping of keys {why}",
+                                          f"lookahead.job_cache: 'yes' must be true or false {why}"]
+    assert load_config(write(tmp_path, {}), ["baseline=true", "lookahead.job_cache=False"]).baseline.enabled
+
+
 def test_text_that_reads_as_a_number_is_quoted_in_config_yaml(tmp_path):
     """read_yaml takes 1e5 for a number: config.yaml wrote the stop string "1e5" bare, and the resume read
     it back as 100000.0 and refused the recorded config."""

@@ -311,8 +311,10 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently) and
-    reads 1e-30 and 5E3 as numbers, as YAML 1.2 does (PyYAML's YAML 1.1 reads an exponent without a dot as
-    a string, so `temperature: 1e-3` was refused as "must be a number")."""
+    reads scalars as YAML 1.2 does: 1e-30 and 5E3 are numbers (PyYAML's YAML 1.1 reads an exponent without
+    a dot as a string, so `temperature: 1e-3` was refused as "must be a number"), and only true and false
+    are booleans (YAML 1.1 also reads on, off, yes, no, y, n: `compile: off` was refused as "False must be
+    a string")."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -337,6 +339,11 @@ class _ConfigDumper(yaml.SafeDumper):
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
 for _cls in (_UniqueKeyLoader, _ConfigDumper):     # YAML 1.2's floats that YAML 1.1 misses: no dot, an exponent
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+_BOOL = "tag:yaml.org,2002:bool"       # YAML 1.2's booleans only (the dumper keeps quoting on, off, yes, no)
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def read_yaml(text: str) -> Any:
@@ -371,7 +378,7 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
                             f"{', '.join(SECTIONS)}")
         elif section is not None and not isinstance(section, dict):
             allowed = "true, false or a mapping of keys" if name == "baseline" else "a mapping of keys"
-            problems.append(f"{name}: {short_repr(section)} must be {allowed}")
+            problems.append(f"{name}: {short_repr(section)} must be {allowed}{_yaml11_hint(section)}")
     for name, cls in SECTIONS.items():
         section = raw.get(name)
         values, type_problems = check_types(name, cls, section if isinstance(section, dict) else {},
@@ -547,6 +554,13 @@ def _text(value: Any) -> bool:
     return isinstance(value, str) and lone_surrogate(value) is None
 
 
+def _yaml11_hint(value: Any) -> str:
+    """Where a boolean was written as YAML 1.1 spells one (yes, off, ...), why it is text here."""
+    if isinstance(value, str) and value.lower() in ("yes", "no", "on", "off", "y", "n"):
+        return " (lp reads YAML 1.2, where yes, no, on and off are text)"
+    return ""
+
+
 def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
     """(accepted, converted value, description of what is allowed) for the types configs use."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -557,7 +571,7 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any, str]:
         ok, conv, what = _check_type(value, inner[0]) if len(inner) == 1 else (False, value, "?")
         return ok, conv, f"{what} or null"
     if tp is bool:
-        return isinstance(value, bool), value, "true or false"
+        return isinstance(value, bool), value, "true or false" + _yaml11_hint(value)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
     if tp is float:
