@@ -263,8 +263,10 @@ def heap_frozen() -> Iterator[None]:
     (gc.freeze, then gc.unfreeze). The drafts' indexes make long-lived objects as a job goes, so full
     collections come while it decodes, and each walked the model and its libraries too (about 400,000
     objects), stopping every request in the batch: 230-270 ms each on the 2-core CPU, against 2-9 ms
-    frozen (scripts/bench_gc.py). Nothing changes where the caller froze objects itself or turned the
-    collector off (the unfreeze would thaw its objects too)."""
+    frozen (scripts/bench_gc.py). Nothing changes where the caller froze objects itself before the decode
+    or turned the collector off (the unfreeze would thaw its objects too); a caller that freezes while a
+    decode is suspended has that freeze undone when the decode ends. A caller that stops reading the
+    decode early should close it (the thaw runs then, or when it is collected)."""
     if gc.get_freeze_count() or not gc.isenabled():
         yield
         return

@@ -40,6 +40,7 @@ generator, so `torch.manual_seed` makes a call reproducible).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -318,12 +319,13 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
                                            row_processor=row_processor, stop_when=stop_when))
                     for k, (ids, s) in enumerate(zip(prompts, seen)))
     out: dict[int, GenerationResult] = {}
-    for k, r in outcomes:         # in the order they end; each completion joins the corpus then
-        if isinstance(r, Exception):      # as generate raises for the whole batch
-            raise r
-        if corpus is not None and r.token_ids:
-            corpus.add(r.token_ids)
-        out[k] = r
+    with contextlib.closing(outcomes):     # a raise below closes decode_batch (its heap_frozen thaws)
+        for k, r in outcomes:         # in the order they end; each completion joins the corpus then
+            if isinstance(r, Exception):      # as generate raises for the whole batch
+                raise r
+            if corpus is not None and r.token_ids:
+                corpus.add(r.token_ids)
+            out[k] = r
     return [out[k] for k in range(len(prompts))]
 
 

@@ -63,7 +63,7 @@ import yaml
 from bench_util import generate, suffix_decoding_peer, writable_file
 from lp.decode.propose import job_cache
 from lp.engine import GenerationParams, LookaheadParams, check, lookahead_generate
-from lp.jobs.config import DataSection
+from lp.jobs.config import DataSection, read_yaml
 from lp.jobs.data import DataError, load_prompts
 from lp.measure.round_ops import RoundOps
 from lp.jobs.runner import prompt_ids
@@ -97,7 +97,7 @@ def parse_configs(text: str) -> list[LookaheadParams]:
         w, n, g, *lookup = values
         lc, k, m = lookup or (0, 10, 3)
         try:      # the keys' kinds and ranges checked as lp.generate checks them
-            keys = {key: yaml.safe_load(v) for key, v in named.items()}
+            keys = {key: read_yaml(v) for key, v in named.items()}     # as a job config reads them
             out.append(lookahead_params(**{**vars(LookaheadParams(w, n, g, True, lc, k, m)), **keys}))
         except (yaml.YAMLError, ValueError) as e:
             raise click.BadParameter(f"{item!r}: {one_line(e, named=False)}", param_hint="--configs") from None

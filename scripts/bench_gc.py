@@ -82,6 +82,9 @@ def main(config: str, limit: int, repeats: int, threads: int) -> None:
         for frozen in (False, True):
             with tempfile.TemporaryDirectory() as out:
                 cfg = load_config(config, [f"data.limit={limit}", f"output.dir={out}"])
+                if not runner.batched(cfg):
+                    raise click.BadParameter(f"{config}: a batched lookahead job (generation.batch_size > 1) is "
+                                             f"what this watches", param_hint="--config")
                 pauses.__init__()
                 runner.decode_batch = decoding_watched(pauses, frozen)
                 summary = run_job(cfg)

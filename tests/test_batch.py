@@ -315,3 +315,21 @@ def test_the_collector_leaves_the_heap_of_before_the_decode_alone(models, monkey
         finally:
             gc.unfreeze() if caller_froze else gc.enable()
         assert during == [], caller_froze
+
+
+def test_a_raised_prompt_error_thaws_the_heap_and_dropped_caches_are_freed(models):
+    """lp.generate raises a prompt's error from inside its loop over decode_batch: the generator stayed
+    suspended, its frozen heap frozen for good (every later decode then froze nothing). And a cache of
+    another shape, dropped while the heap was frozen, stayed alive through its layer <-> cache cycle."""
+    import gc
+    import weakref
+    import lp
+    model = models("llama")
+    vocab = model.get_input_embeddings().num_embeddings
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        lp.generate(model, [BASE[:6], [vocab], BASE[:4]], max_new_tokens=6, batch_size=2, row_budget=False)
+    assert gc.get_freeze_count() == 0
+    lp.generate(model, [BASE[:6], BASE[:4]], max_new_tokens=6, batch_size=2, row_budget=False)
+    dropped = [weakref.ref(c) for c in model.__dict__["_lp_round_caches"].values()]
+    lp.generate(model, [BASE * 20, BASE[:4]], max_new_tokens=6, batch_size=2, row_budget=False)   # another length
+    assert dropped and all(ref() is None for ref in dropped)

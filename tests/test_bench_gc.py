@@ -20,3 +20,11 @@ def test_bench_gc_prints_both_variants_and_their_ratios(tmp_path):
                       proc.stdout, re.M)
     assert [r[0] for r in runs] == ["thawed", "frozen"] and runs[0][1] == runs[1][1] and int(runs[0][1]) > 0
     assert re.search(r"^frozen / thawed \(medians\): job tok/s [\d.]+x, collector time [\d.]+x", proc.stdout, re.M)
+
+
+def test_bench_gc_refuses_a_job_that_is_not_batched(tmp_path):
+    """Only batched jobs run decode_batch's watched loop: a batch-1 config printed zero collections."""
+    config = write_job(tmp_path, prompt_lines([("t0", "abc")]))          # batch_size 1
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gc.py"), "--config", str(config),
+                           "--limit", "1", "--repeats", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 2 and "a batched lookahead job (generation.batch_size > 1)" in proc.stderr, proc.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lp.jobs.code import (CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, chat_completion, chat_message,
-                          extract_code, import_lines, parses, starts_in_code_block, with_imports)
+                          extract_code, import_lines, open_fence, parses, with_imports)
 
 CODE = "def add(a, b):\n    return a + b"
 
@@ -126,18 +126,20 @@ def test_a_crlf_closing_fence_and_longer_fences_close_the_block():
     opened with four backticks was not a block, and closes only at four or more."""
     assert extract_code("```python\r\ndef f():\r\n    return 1\r\n```\r\nThis returns one.\r\n") == \
         "def f():\r\n    return 1"
-    assert extract_code("````python\n" + CODE + "\n    ```\n````\nprose") == CODE + "\n    ```"
+    assert extract_code("````python\n" + CODE + "\n```\n````\nprose") == CODE + "\n```"   # 3 close no 4
     assert extract_code("```python\n" + CODE + "\n````\nprose") == CODE
 
 
-def test_the_default_stop_needs_a_response_prefix_that_opens_the_block():
-    """With a prefix that does not open a block, "\\n```" stopped the answer at its own opening fence
-    after a line of prose: the chat mode then stops at no string."""
+def test_the_default_stop_is_the_fence_the_response_prefix_leaves_open():
+    """With a prefix that leaves no block open, "\\n```" stopped the answer at its own opening fence
+    after a line of prose: the chat mode then stops at no string. A prefix that leaves one open stops at
+    its closing fence (four backticks: four), wherever in the prefix it opened."""
     from lp.jobs.config import DataSection, default_stop
-    assert starts_in_code_block(RESPONSE_PREFIX) and starts_in_code_block("Sure:\n```py")
-    assert not starts_in_code_block("") and not starts_in_code_block("```python\nx = 1")
+    for prefix, ticks in ((RESPONSE_PREFIX, "```"), ("```python\n", "```"), ("Sure:\n```py\ndef f():", "```"),
+                          ("````python", "````"), ("", None), ("```python\nx = 1\n```", None), ("x```python", None)):
+        assert open_fence(prefix) == ticks, prefix
+        assert default_stop(DataSection(response_prefix=prefix)) == (() if ticks is None else ("\n" + ticks,))
     assert default_stop(DataSection()) == CHAT_CODE_STOP
-    assert default_stop(DataSection(response_prefix="")) == ()
 
 
 def test_chat_completion_extracts_then_completes_the_imports():

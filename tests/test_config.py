@@ -13,7 +13,7 @@ from pathlib import Path
 import lp.run
 from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX
 from lp.jobs.config import (CODE_COMPLETION_STOP, JOB_BATCH_SIZE, JOB_LOOKAHEAD, ConfigError, JobConfig, differences,
-                       load_config, load_config_dict, yaml_text)
+                       load_config, load_config_dict, read_yaml, yaml_text)
 from lp.engine import LookaheadParams
 from lp.run import main
 
@@ -607,7 +607,7 @@ def test_problem_lines_name_value_and_allowed_values(tmp_path):
 def test_readme_config_block_is_the_default_job():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     block = doc.split("## Job configs", 1)[1].split("```yaml\n", 1)[1].split("\n```", 1)[0]  # the fence line
-    assert load_config_dict(yaml.safe_load(block)) == JobConfig() == load_config(DEFAULT_JOB)
+    assert load_config_dict(read_yaml(block)) == JobConfig() == load_config(DEFAULT_JOB)
 
 
 @pytest.mark.parametrize("mapping,world,cuda,key", [

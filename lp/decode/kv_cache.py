@@ -148,6 +148,10 @@ class RoundCache(Cache):
         keys = [view(k) for k in kinds[:len(shapes)]]
         super().__init__(layers=[_RoundLayer(self, k, view(v)) for k, v in zip(keys, kinds[len(shapes):])])
 
+    def release(self) -> None:
+        """Let go of the buffers and of the layers (which point back at the cache: a cycle)."""
+        self.layers, self.buffers = [], []
+
 
 def free_bytes(device: torch.device) -> int | None:
     """Memory a new allocation on `device` can take: CUDA's free memory plus what torch's allocator holds
@@ -193,6 +197,8 @@ def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     caches = model.__dict__.setdefault("_lp_round_caches", {})
     if key not in caches:
         if batch > 1 or any(b > 1 for b, _ in caches):
+            for dropped in caches.values():      # freed now, not by a collection (decode_batch's frozen heap
+                dropped.release()                # would keep its layer <-> cache cycle until it thaws)
             caches.clear()
         caches[key] = RoundCache(model, key[1], batch)
     return caches[key]

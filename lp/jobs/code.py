@@ -105,7 +105,14 @@ def parses(code: str) -> bool:
     return True
 
 
-def starts_in_code_block(response_prefix: str) -> bool:
-    """Whether an answer opened with `response_prefix` starts inside a fenced block (its last line is an
-    opening fence), so that the first fence at the start of a line is the block's end."""
-    return bool(_OPENING.fullmatch(response_prefix.rsplit("\n", 1)[-1]))
+def open_fence(response_prefix: str) -> str | None:
+    """The backticks of the fenced block still open at the end of `response_prefix` (an answer opened with
+    it starts inside that block, and a line of them at the start of a line is the block's end), or None."""
+    at = 0
+    while (opening := _OPENING.search(response_prefix, at)) is not None:
+        ticks = opening.group(1)
+        closing = _closing(len(ticks)).search(response_prefix, min(opening.end() + 1, len(response_prefix)))
+        if closing is None:
+            return ticks
+        at = closing.end()
+    return None

@@ -59,7 +59,7 @@ import yaml
 
 from lp.decode.kv_cache import COMPILE_MODES
 from lp.engine import GenerationParams, LookaheadParams
-from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, starts_in_code_block
+from lp.jobs.code import CHAT_CODE_STOP, CODE_INSTRUCTION, RESPONSE_PREFIX, open_fence
 from lp.messages import lone_surrogate, one_line, short_repr
 from lp.models import ATTN_IMPLEMENTATIONS, CPU_LINEARS
 from lp.models import DTYPES as _MODEL_DTYPES
@@ -311,10 +311,10 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load that refuses a key given twice in one mapping (safe_load keeps the last silently) and
-    reads scalars as YAML 1.2 does: 1e-30 and 5E3 are numbers (PyYAML's YAML 1.1 reads an exponent without
-    a dot as a string, so `temperature: 1e-3` was refused as "must be a number"), and only true and false
-    are booleans (YAML 1.1 also reads on, off, yes, no, y, n: `compile: off` was refused as "False must be
-    a string")."""
+    reads two kinds of scalar as YAML 1.2 does (integers and dates stay PyYAML's YAML 1.1): 1e-30 and 5E3
+    are numbers (YAML 1.1 reads an exponent without a dot as a string, so `temperature: 1e-3` was refused
+    as "must be a number"), and only true and false are booleans (YAML 1.1 also reads on, off, yes and no:
+    `compile: off` was refused as "False must be a string")."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -348,7 +348,7 @@ _UniqueKeyLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|fa
 
 def read_yaml(text: str) -> Any:
     """A config's YAML (a file, a --set value, a sweep file): yaml.safe_load's reading with
-    _UniqueKeyLoader's two changes."""
+    _UniqueKeyLoader's changes (a key given twice, YAML 1.2 floats and booleans)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
@@ -405,11 +405,13 @@ def load_config_dict(raw: Any, overrides: Iterable[str] = (), *, source: str | N
 
 
 def default_stop(data: DataSection) -> tuple[str, ...]:
-    """`generation.stop` when the job leaves it out: the closing fence in the chat mode where the response
-    prefix opens the block (otherwise "\\n```" would stop at the answer's own opening fence after a line of
-    prose: none), the code-completion stop strings for raw code prompts, none for JSONL."""
+    """`generation.stop` when the job leaves it out: in the chat mode the closing fence of the block the
+    response prefix leaves open ("\\n```", CHAT_CODE_STOP, for the default prefix), none where it leaves
+    none open (a fence would then stop the answer at its own opening fence, after a line of prose); the
+    code-completion stop strings for raw code prompts; none for JSONL."""
     if data.chat_template:
-        return CHAT_CODE_STOP if starts_in_code_block(data.response_prefix) else ()
+        ticks = open_fence(data.response_prefix)
+        return ("\n" + ticks,) if ticks else ()
     return CODE_COMPLETION_STOP if data.source in CODE_SOURCES else ()
 
 
@@ -556,7 +558,7 @@ def _text(value: Any) -> bool:
 
 def _yaml11_hint(value: Any) -> str:
     """Where a boolean was written as YAML 1.1 spells one (yes, off, ...), why it is text here."""
-    if isinstance(value, str) and value.lower() in ("yes", "no", "on", "off", "y", "n"):
+    if isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
         return " (lp reads YAML 1.2, where yes, no, on and off are text)"
     return ""
 

@@ -32,6 +32,7 @@ group is done.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from itertools import islice
@@ -281,23 +282,24 @@ def _lead(cfg: JobConfig, loaded: LoadedModel, comm: Comm, prompts: list[Prompt]
     else:
         outcomes = ((prompt, ids, decode(cfg, loaded, ids, comm, request, shared, corpus))
                     for shared, (prompt, ids, request) in enumerate(claims()))
-    for prompt, ids, (result, base) in outcomes:
-        if isinstance(result, Exception):     # a prompt the batch's cache cannot hold, or NoDistribution
-            fail(prompt, ids, str(result))
-            continue
-        if corpus is not None and result.token_ids:
-            corpus.add(result.token_ids)
-        record = {**result_record(prompt, ids, result, cfg.generation.method, base,
-                                  answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
-        job.append(record)
-        bar.advance(result, done=_count(bar, handout))
-        logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
-                    bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
-                    result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
-                    result.finish_reason,
-                    "" if base is None else
-                    f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
-                    f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
+    with contextlib.closing(outcomes):     # an error here closes decode_batch (its heap_frozen thaws)
+        for prompt, ids, (result, base) in outcomes:
+            if isinstance(result, Exception):     # a prompt the batch's cache cannot hold, or NoDistribution
+                fail(prompt, ids, str(result))
+                continue
+            if corpus is not None and result.token_ids:
+                corpus.add(result.token_ids)
+            record = {**result_record(prompt, ids, result, cfg.generation.method, base,
+                                      answer=answer(cfg, prompt, result.text)), "group": comm.dp_rank}
+            job.append(record)
+            bar.advance(result, done=_count(bar, handout))
+            logger.info("[%d/%d] %s: %d tokens / %d forwards, S=%.2f, %.1f tok/s, %s%s",
+                        bar.done, len(prompts), prompt.task_id, result.new_tokens, result.forwards,
+                        result.compression, result.new_tokens / max(result.decode_seconds, 1e-9),
+                        result.finish_reason,
+                        "" if base is None else
+                        f", baseline {tokens_per_second(base.new_tokens, base.decode_seconds) or 0:.1f}"
+                        f" tok/s, ids {'equal' if record['baseline_ids_equal'] else 'DIFFER'}")
 
 
 def _follow(cfg: JobConfig, loaded: LoadedModel, comm: Comm) -> None:
