@@ -19,10 +19,10 @@ from pathlib import Path
 
 import click
 import torch
-import yaml
 
 from lp.decode.arch import position_limit
 from lp.engine import GenerationParams, LookaheadParams, lookahead_generate
+from lp.jobs.config import read_yaml
 from lp.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def main(contexts: str, max_new_tokens: int, repeats: int, threads: int) -> None
         raise click.BadParameter(f"{contexts!r}: each context must be >= 1 token and leave room for --max-new-tokens "
                                  f"{max_new_tokens} in the model's {room} positions", param_hint="--contexts")
     model, tok = loaded.model, loaded.tokenizer
-    section = yaml.safe_load((ROOT / "configs" / "humaneval-smollm2.yaml").read_text())["lookahead"]
+    section = read_yaml((ROOT / "configs" / "humaneval-smollm2.yaml").read_text())["lookahead"]
     params = LookaheadParams(**{k: v for k, v in section.items() if k in LookaheadParams.__dataclass_fields__})
     eos = loaded.eos_token_ids      # both decode max_new_tokens tokens, EOS suppressed (generate's min_new_tokens)
     gen = GenerationParams(max_new_tokens, min_new_tokens=max_new_tokens)

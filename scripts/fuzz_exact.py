@@ -56,6 +56,7 @@ import lp  # noqa: E402
 from lp.baseline import generate_seed  # noqa: E402
 from lp.decode.sampling import Draws, sample  # noqa: E402
 from lp.jobs.data import request_id  # noqa: E402
+from lp.library import draw_seed  # noqa: E402
 from lp.models import TinyTokenizer, load_model  # noqa: E402
 from lp.run import main as lp_run  # noqa: E402
 from lp.tiny import FAMILIES as TINY_FAMILIES, tiny_random  # noqa: E402
@@ -313,7 +314,7 @@ def drop_in_seeded(spec: dict) -> dict:
     seed_torch(spec)
     if not spec.get("sampling"):
         return spec
-    return dict(spec, sampling=dict(spec["sampling"], seed=int(torch.randint(0, 2**62, (1,)).item())))
+    return dict(spec, sampling=dict(spec["sampling"], seed=draw_seed()))
 
 
 def oracle(model, spec: dict, float64: bool = False) -> list[list[int]]:

@@ -185,9 +185,7 @@ class JobDir:
             raise self._unusable(FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(parent)))
         if not parent.is_dir():
             raise self._unusable(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.dir)))
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise self._unusable(PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.dir)))
-        self._check_writable(parent)
+        self._check_writable(parent)      # no permission, read-only, /proc or /sys
 
     def _check_writable(self, directory: Path) -> None:
         """JobDirError naming output.dir where no file can be made in `directory` (read-only, no permission
