@@ -214,3 +214,126 @@ def test_lp_generate_text_is_the_text_after_the_prompt(tiny_model64):
                                 prefix_allowed_tokens_fn=allowed)
         assert result.token_ids[0] == 6 and result.text.startswith("    ")
         assert result.text == after_prompt(tok, prompt, result.token_ids)
+
+
+# ---------------------------------------------------------------- long outputs: decoded from a checkpoint
+
+def wordpiece_tokenizer():
+    """A WordPiece tokenizer that tidies spaces across tokens ('a' '.' -> 'a.', 'a' "'" 's' -> "a's", '##'
+    joins): text changes behind the newest token, which a checkpoint must notice."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "[SEP]", "a", "b", "##b", "##c", ".", "'", "s", "do", "n't", "\n", "x", "=", "1"]
+    core = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.decoder = decoders.WordPiece(cleanup=True)
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", sep_token="[SEP]",
+                                   clean_up_tokenization_spaces=True)
+
+
+def whole_decode_reference(tokenizer, context, stop, tokens):
+    """What the checker must give, found the plain way: the whole output decoded after every token."""
+    from lp.decode.stopping import continuation_text, text_context
+
+    ctx, before = text_context(tokenizer, context)
+    for n in range(1, len(tokens) + 1):
+        text = continuation_text(tokenizer, ctx, tokens[:n], before)
+        settled = len(text.rstrip("\ufffd"))
+        hits = [i for i, s in ((text.find(s), s) for s in stop) if 0 <= i and i + len(s) <= settled]
+        if hits:
+            return n, text[:min(hits)]
+    return None, continuation_text(tokenizer, ctx, tokens, before)
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the ids it is asked to decode."""
+
+    def __init__(self, inner):
+        self.inner, self.decoded = inner, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "stripping", "wordpiece", "bpe"])
+def test_long_output_stops_where_a_whole_decode_does(kind, request):
+    """Random outputs of 150-400 tokens (special tokens, characters split over byte tokens, seams the
+    decoder tidies) under each kind of decoder: the checker ends at the same token, with the same text, as
+    the whole output decoded after every token."""
+    import random
+
+    from lp.decode.stopping import SETTLE_TOKENS
+
+    if kind == "bytes":
+        tok, pool = ByteTokenizer(), list(b"ab \n=") + list("✓語".encode()) + [0xFF]
+    elif kind == "stripping":
+        tok = llama_style_tokenizer()
+        pool = list(range(22))
+    elif kind == "wordpiece":
+        tok = wordpiece_tokenizer()
+        pool = list(range(15))
+    else:
+        tok = request.getfixturevalue("smollm2_f64").tokenizer
+        pool = tok.encode('x = "✓ done — 日本語"\n    return y\n') + [tok.eos_token_id, 1, 2]
+    rng = random.Random(kind)
+    for case in range(12):
+        tokens = [rng.choice(pool) for _ in range(rng.randint(150, 400))]
+        context = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+        # a stop string drawn from the text far past the first checkpoint, or one that never shows
+        full = whole_decode_reference(tok, context, (), tokens)[1]
+        start = rng.randint(min(len(full) - 1, 2 * SETTLE_TOKENS), len(full) - 1)
+        stop = (full[start:start + rng.randint(1, 4)] or "\x00", "\x01never") if case % 3 else ("\x01never",)
+        end, text = whole_decode_reference(tok, context, stop, tokens)
+        checker = StopChecker([], len(tokens), stop, tok, context=context)
+        got = feed(checker, tokens)
+        assert (got if got is None else got + 1) == end or end is None and got == len(tokens) - 1, (kind, case)
+        assert checker.text == text, (kind, case)
+
+
+def test_long_output_is_not_decoded_whole_at_every_token():
+    """Decoding the whole output at every token costs O(n^2): 1.3 s for 4,096 tokens of SmolLM2. The
+    checker decodes from a checkpoint: for 2,000 tokens, far fewer than n^2 / 2 ids."""
+    tok = CountingTokenizer(ByteTokenizer())
+    n = 2000
+    checker = StopChecker([], n, ["\x01"], tok, context=list(b"def f():\n"))
+    assert feed(checker, [ord("a") + i % 20 for i in range(n)]) == n - 1
+    assert tok.decoded < n * n / 8, tok.decoded
+
+
+def test_a_decoder_that_tidies_behind_the_seam_is_decoded_whole():
+    """WordPiece's cleanup joins "'s" onto the word before it, across the checkpoint's seam: the seam's
+    own text changes, so the checker decodes whole from then on, and stops where it should."""
+    from lp.decode.stopping import SETTLE_TOKENS
+
+    tok = wordpiece_tokenizer()
+    words = {w: i for i, w in enumerate(["[UNK]", "[SEP]", "a", "b", "##b", "##c", ".", "'", "s", "do", "n't"])}
+    tokens = [words["a"]] * (SETTLE_TOKENS - 1) + [words["'"], words["s"], words["do"], words["n't"], words["."],
+                                                    words["b"], words["##c"]]
+    assert tok.decode(tokens[SETTLE_TOKENS - 2:]) == "a's don't. bc"
+    checker = StopChecker([], 200, ["'s don't. bc"], tok)
+    assert feed(checker, tokens) == len(tokens) - 1
+    assert checker._whole and checker.text == "a " * (SETTLE_TOKENS - 2) + "a"
+
+
+class ShoutingTokenizer(CharTokenizer):
+    """CharTokenizer, but everything after a '!' (id 32) is upper case: a token's text depends on one far
+    back, which the few tokens before a checkpoint's seam do not show."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        text = "".join("!" if i == 32 else chr(ord("a") + i) for i in ids)
+        head, bang, tail = text.partition("!")
+        return head + bang + tail.upper()
+
+
+def test_a_decoder_that_changes_text_far_behind_is_decoded_whole():
+    """The checkpoint's whole decode differs from the text decoded after its seam: from then on the
+    checker decodes whole, and a stop string past that point ends the output where a whole decode does."""
+    from lp.decode.stopping import SETTLE_TOKENS
+
+    tok = ShoutingTokenizer()
+    tokens = [1] * 5 + [32] + [1] * (3 * SETTLE_TOKENS) + [23, 24, 25] + [1] * 5       # ... '!' ... 'XYZ'
+    checker = StopChecker([], 1000, ["XYZ"], tok)
+    assert feed(checker, tokens) == 6 + 3 * SETTLE_TOKENS + 2
+    assert checker._whole and checker.text == "bbbbb!" + "B" * (3 * SETTLE_TOKENS)

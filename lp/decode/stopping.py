@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 StopTest = Callable[[Any, list[int]], bool]
 
 CONTEXT_TOKENS = 8      # the prompt's last tokens decoded before the output (continuation_text), at least
+SETTLE_TOKENS = 64      # a StopChecker decodes the output anew from its last checkpoint, one every so many tokens
 
 
 def text_context(tokenizer, prompt: Sequence[int]) -> tuple[list[int], str]:
@@ -22,19 +23,23 @@ def text_context(tokenizer, prompt: Sequence[int]) -> tuple[list[int], str]:
         count *= 2
 
 
-def continuation_text(tokenizer, context: Sequence[int], tokens: Sequence[int], before: str | None = None) -> str:
+def continuation_text(tokenizer, context: Sequence[int], tokens: Sequence[int], before: str | None = None,
+                      seam_kept: bool = False) -> str | None:
     """The text `tokens` add after a prompt ending in `context` (text_context: the ids and `before`, their
     text): decode(context + tokens) less decode(context) (special tokens left out), as
     `decode(prompt + output)[len(decode(prompt)):]` gives it. Decoded alone, the output's first space is
     lost by tokenizers whose decoder strips the start of a text (Llama's and CodeLlama's SentencePiece
     ones: a completion's first indent would be one space short). Where the context's text is not a
     prefix of the whole (a tokenizer that tidies spaces across the seam; a character split over the seam,
-    which a prompt encoded from text never ends in), the output is decoded alone."""
+    which a prompt encoded from text never ends in), the output is decoded alone; or, with `seam_kept`,
+    None is returned."""
     if context:
         before = tokenizer.decode(list(context), skip_special_tokens=True) if before is None else before
         whole = tokenizer.decode(list(context) + list(tokens), skip_special_tokens=True)
         if whole.startswith(before):
             return whole[len(before):]
+        if seam_kept:
+            return None
     return tokenizer.decode(list(tokens), skip_special_tokens=True)
 
 
@@ -49,6 +54,14 @@ class StopChecker:
     completed the match and `text` is cut right before the stop string. A match that reaches into the
     U+FFFD that end the text waits for the next token: they may be a character split over tokens, whose
     later bytes replace them (a real U+FFFD at the end is matched one token later).
+    The text is not decoded whole at every token, which costs O(length) a token (1.3 s for 4,096 tokens
+    of SmolLM2): the tokens since the last checkpoint are decoded after the ones before it, as the output
+    is after the prompt, and every SETTLE_TOKENS tokens a whole decode checks that and moves the
+    checkpoint. Where the seam's text changes (a decoder that tidies spaces across tokens) the checker
+    decodes whole from then on. So it does where a checkpoint's two texts differ: a decoder whose text
+    depends on tokens further back than the seam's CONTEXT_TOKENS, which no Hugging Face decoder (byte-level,
+    SentencePiece, WordPiece) does; for such a decoder a stop string before that checkpoint may end the
+    output late (at the checkpoint), its text still cut at the stop string.
     A caller's `criterion` (the generate drop-in's stopping criteria) sees the output after each token
     and ends it at that token ("stop") when it returns True.
     """
@@ -70,6 +83,9 @@ class StopChecker:
         self.tokens: list[int] = []
         self.reason: str | None = None
         self._cut: int | None = None
+        # the checkpoint: tokens[:_mark] decode to _settled (checked whole); _seam, _seam_text: their tail
+        self._mark, self._settled, self._seam, self._seam_text = 0, "", self.context, self._before
+        self._whole = False     # decode whole at every token (a decoder the checkpoint does not hold for)
 
     def push(self, token: int) -> str | None:
         if self.reason is not None:
@@ -88,8 +104,37 @@ class StopChecker:
     def _decode(self) -> str:
         return continuation_text(self.tokenizer, self.context, self.tokens, self._before)
 
+    def _text_so_far(self) -> str:
+        """The output's text, as _decode gives it, decoded from the checkpoint on (see the class)."""
+        if self._whole or not self._mark and len(self.tokens) < SETTLE_TOKENS:
+            return self._decode()
+        if len(self.tokens) - self._mark >= SETTLE_TOKENS:
+            return self._checkpoint()
+        tail = self._tail()
+        if tail is None:            # the seam's own text changed: a decoder that tidies across tokens
+            self._whole = True
+            return self._decode()
+        return self._settled + tail
+
+    def _tail(self) -> str | None:
+        """The text of the tokens since the checkpoint, decoded after its seam; None if the seam's changes."""
+        return continuation_text(self.tokenizer, self._seam, self.tokens[self._mark:], self._seam_text, seam_kept=True)
+
+    def _checkpoint(self) -> str:
+        """A whole decode; the checkpoint moves to here if the text decoded from the last one is the same."""
+        whole = self._decode()
+        if self._mark:
+            tail = self._tail()
+            if tail is None or self._settled + tail != whole:
+                self._whole = True
+                return whole
+        if not whole.endswith("\ufffd"):         # not inside a character split over tokens
+            self._mark, self._settled = len(self.tokens), whole
+            self._seam, self._seam_text = text_context(self.tokenizer, self.tokens)
+        return whole
+
     def _find_stop(self) -> int | None:
-        text = self._decode()
+        text = self._text_so_far()
         # trailing U+FFFD may be a character whose bytes are still to come: a match reaching into it waits
         settled = len(text.rstrip("\ufffd"))
         hits = [i for i, s in ((text.find(s), s) for s in self.stop) if 0 <= i and i + len(s) <= settled]
