@@ -72,7 +72,7 @@ from lp.processes import stop_tree  # noqa: E402
 from lp.jobs.config import (ConfigError, baseline_section, differences, environment_problems,  # noqa: E402
                              load_config_dict, read_yaml, yaml_text)
 
-SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "compression", "tokens_per_second",
+SUMMARY_FIELDS = ("world_size", "dp_size", "lp_size", "backend", "errors", "compression", "tokens_per_second",
                   "baseline_tokens_per_second", "speedup", "rows_per_round", "max_rows_per_round", "host_ms_per_round",
                   "collectives_per_round", "bytes_per_round", "decode_seconds", "rounds", "new_tokens",
                   "wall_seconds", "job_prompts_per_second", "job_tokens_per_second", "latency_p50_s",
@@ -249,15 +249,16 @@ def config_changes(old, new: dict) -> list[str]:
 def run_point(name: str, point: dict, raw: dict, out: Path, timeout_s: float) -> tuple[str, str | None, bool]:
     """(status, error, skipped) of one point."""
     point_dir = Path(raw["output"]["dir"])
-    if finished(point_dir):
-        return "ok", None, True
     cfg_path = out / "points" / f"{name}.yaml"
-    cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(yaml_text(raw), encoding="utf-8")
-    try:  # a bad override fails here with lp's own message, without starting workers
+    try:  # a bad key or override fails here with lp's own message, without starting workers (and before a
+        # finished point is skipped: its figures are not the invalid config's)
         cfg = load_config_dict(copy.deepcopy(raw), source=str(cfg_path))
     except ConfigError as e:
         return "failed", e.problems[-1] if e.problems else str(e), False
+    if finished(point_dir):
+        return "ok", None, True
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(yaml_text(raw), encoding="utf-8")
     world = int(point.get("world_size", 1))
     if world < 1:
         return "failed", f"world_size: {world!r} must be >= 1", False
@@ -314,12 +315,14 @@ def resumed(summary: dict) -> bool:
 
 
 def last_error_line(stderr: str) -> str | None:
-    """The worker's own error line when there is one (torchrun prints its report after it)."""
+    """The worker's own error line when there is one (torchrun prints its report after it): global rank
+    0's where the others only say that it refused the job."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for pattern in (r"^error: ", r"\b\w*(Error|Exception)\b: "):
         found = [line for line in lines if re.search(pattern, line)]
+        own = [line for line in found if not re.search(r"global rank 0 refused the job", line)]
         if found:
-            return found[-1]
+            return (own or found)[-1]
     return lines[-1] if lines else None
 
 
@@ -569,6 +572,10 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
             summary = json.loads((Path(raw["output"]["dir"]) / "summary.json").read_text(encoding="utf-8"))
             row.update({k: summary.get(k) for k in SUMMARY_FIELDS})
             row.update(prompts=summary.get("prompts"), job_prompts=summary.get("job_prompts"))
+            if summary.get("errors"):   # error records count as prompts in prompts/s
+                click.echo(f"  warning: {name}: {summary['errors']} of {summary['prompts']} prompts are error "
+                           f"records (see {Path(raw['output']['dir']) / 'results.jsonl'}); its figures cover "
+                           f"the others, its prompts/s counts them all")
             if resumed(summary):     # this run's wall time and throughput cover only the prompts it decoded
                 row.update(dict.fromkeys(RUN_FIELDS))
                 click.echo(f"  warning: {name} was resumed: its last run decoded {summary['job_prompts']} of "

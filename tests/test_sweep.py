@@ -2,7 +2,8 @@
 figures; a rerun does no work; a failing point is recorded and the others still run (and stays failed
 on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused; a rerun whose job
 config changed is refused; a resumed point's partial-run throughput is left empty; the verify time is
-cached per W, N, G and rows; a bad sweep file is refused in one line."""
+cached per W, N, G and rows; a bad sweep file is refused in one line; a rerun under a config lp refuses
+fails its points; error records are counted and warned of; a refused multi-rank point keeps rank 0's line."""
 import csv
 import json
 import signal
@@ -406,3 +407,40 @@ def test_a_bad_sweep_file_is_refused_in_one_line(tmp_path, spec, message):
     assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stdout + proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_rerun_with_an_invalid_job_config_fails_its_points(tmp_path, one_point):
+    """A finished point whose base now has a misspelt key was skipped as finished, its old figures
+    reported under a config lp.run refuses: the point fails with lp's own message instead."""
+    import shutil
+
+    out = shutil.copytree(one_point, tmp_path / "out")
+    proc = run_sweep_file(tmp_path, {"base": {**BASE, "lookahead": {"window": 4, "ngram": 4, "windw": 15}},
+                                     "grid": {"world_size": [1]}}, out)
+    assert proc.returncode == 1 and "skip" not in proc.stdout, proc.stdout + proc.stderr
+    assert "P1: failed" in proc.stdout and "lookahead.window" in proc.stdout
+
+
+def test_a_point_with_error_records_says_so(tmp_path):
+    """Error records count as the point's prompts in its prompts/s: the CSV has the errors beside the
+    prompts, and the sweep warns."""
+    prompts = tmp_path / "mixed.jsonl"
+    prompts.write_text(json.dumps({"task_id": "short", "prompt": "def f(x):"}) + "\n"
+                       + json.dumps({"task_id": "long", "prompt": "x = 1\n" * 60}) + "\n")
+    base = {**BASE, "model": {**BASE["model"], "name": "tiny-random-llama?vocab=64&seed=0&max_pos=128"},
+            "data": {"source": "jsonl", "path": str(prompts)}}
+    out, stdout, rows = sweep(tmp_path, {"world_size": [1]}, "--no-cost-model", base=base)
+    (row,) = rows
+    assert row["status"] == "ok" and (row["prompts"], row["errors"]) == ("2", "1")
+    assert "warning: P1: 1 of 2 prompts are error records" in stdout
+
+
+def test_a_refused_multi_rank_point_records_rank_0s_line(monkeypatch):
+    """Under torchrun the other ranks of a job rank 0 refused each print a line naming rank 0's: the
+    point's error is rank 0's own line, wherever it falls among theirs."""
+    script = _script(monkeypatch)
+    other = "error: rank 1: global rank 0 refused the job at startup (exit 2): its error line says why"
+    own = "error: cannot load model 'no-such-model': not a built-in name"
+    for lines in ([own, other], [other, own], [other, own, other]):
+        assert script.last_error_line("\n".join(["starting", *lines, "torchrun: failures"])) == own
+    assert script.last_error_line(other) == other
