@@ -67,6 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench_util import exit_on_term_and_hangup, seconds  # noqa: E402
+from lp.measure.cost_model import batched  # noqa: E402
 from lp.messages import one_line  # noqa: E402
 from lp.processes import stop_tree  # noqa: E402
 from lp.jobs.config import (ConfigError, baseline_section, differences, environment_problems,  # noqa: E402
@@ -582,7 +583,10 @@ def main(config_path: Path, output: Path | None, timeout_s: float, no_cost_model
                            f"{summary['prompts']} prompts, so its wall time and job prompts/s and tokens/s are "
                            f"not the point's; left empty (remove {Path(raw['output']['dir'])} and rerun to "
                            f"measure them)")
-            if not no_cost_model:
+            if not no_cost_model and batched(summary):
+                click.echo(f"  cost model: no projection for {name}, a batched point ({batched(summary):.2f} "
+                           f"requests per forward): it prices one request per forward")
+            elif not no_cost_model:
                 try:
                     row.update(cost_figures(row, raw, summary, out))
                 except Exception as e:  # noqa: BLE001  (the sweep's figures stand without the model)

@@ -137,6 +137,52 @@ def test_cost_model_command_reads_a_gpu_check_report(tmp_path, capsys):
                                                              ["8", "x", "1"]]
 
 
+def test_a_report_of_several_curves_needs_one_chosen(tmp_path, capsys):
+    """gpu_check's report holds a curve per stage and model: the command took the first without a word
+    (a 7B's curve for a SmolLM2 summary). It now names them and takes the one --curve-of picks."""
+    import json
+
+    report = {"stages": {"eager": {"llama-7b": {"forward_curve": line(0.028, 0.0001)},
+                                   "smollm2-135m": {"forward_curve": line(0.008, 0.00001)}}}}
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(report))
+    figures = ["--compression", "2.5", "--rows", "81", "--tokens", "200", "--host-ms", "1"]
+    with pytest.raises(SystemExit) as exit_:
+        cm.main(["--curve", str(path), *figures])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "holds 2 forward curves" in err
+    assert "stages/eager/llama-7b/forward_curve, stages/eager/smollm2-135m/forward_curve" in err
+    cm.main(["--curve", str(path), "--curve-of", "smollm2-135m", *figures])
+    assert "t_fwd(1) = 8.010 ms" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cm.main(["--curve", str(path), "--curve-of", "qwen", *figures])
+    assert "no forward curve in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("summary,given,message", [
+    ({"mean_batch": 4.2}, [], "is a batched run's (4.20 requests per forward)"),
+    ({"lp_size": 2}, [], "is an LP group's (lp_size 2): its rows and host ms per round are rank 0's share"),
+    ({"lp_size": 2}, ["--rows", "30"], "is an LP group's"),
+])
+def test_a_summary_the_model_cannot_read_is_refused(tmp_path, capsys, summary, given, message):
+    """The model prices a round as one worker's forward of one request: a batched run's per-round figures
+    (the requests share forwards) and an LP rank's rows (its share of the group's) are not that, and were
+    taken without a word. Refused unless the figures they would give come as options."""
+    import json
+
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps(line(0.02, 0.00001)))
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"compression": 2.0, "rows_per_round": 21.9, "host_ms_per_round": 1.2, "prompts": 3,
+                                "errors": 0, "new_tokens": 96, "mean_batch": 1.0, "lp_size": 1, **summary}))
+    with pytest.raises(SystemExit) as exit_:
+        cm.main(["--curve", str(curve), "--summary", str(path), *given])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    cm.main(["--curve", str(curve), "--summary", str(path), "--rows", "30", "--host-ms", "1"]
+            + (["--compression", "2", "--tokens", "32"] if "mean_batch" in summary else []))
+    assert "30.0 rows/round on one worker" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args,message", [
     (["--curve", "{missing}"], "--curve: cannot read {missing}: No such file or directory"),
     (["--curve", "{bad}"], "--curve: cannot read {bad}: Expecting"),

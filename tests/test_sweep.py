@@ -3,7 +3,8 @@ figures; a rerun does no work; a failing point is recorded and the others still 
 on a rerun); a timed-out point leaves no worker behind; bad world sizes are refused; a rerun whose job
 config changed is refused; a resumed point's partial-run throughput is left empty; the verify time is
 cached per W, N, G and rows; a bad sweep file is refused in one line; a rerun under a config lp refuses
-fails its points; error records are counted and warned of; a refused multi-rank point keeps rank 0's line."""
+fails its points; error records are counted and warned of; a refused multi-rank point keeps rank 0's line;
+a batched point gets no cost projection."""
 import csv
 import json
 import signal
@@ -444,3 +445,13 @@ def test_a_refused_multi_rank_point_records_rank_0s_line(monkeypatch):
     for lines in ([own, other], [other, own], [other, own, other]):
         assert script.last_error_line("\n".join(["starting", *lines, "torchrun: failures"])) == own
     assert script.last_error_line(other) == other
+
+
+def test_a_batched_point_gets_no_projection(tmp_path):
+    """The cost model prices one request per forward; a batched point's per-round figures are shared by
+    the requests of a forward, and its projection was taken as if they were not. It gets none now."""
+    base = {k: v for k, v in BASE.items() if k != "baseline"}
+    out, stdout, rows = sweep(tmp_path, {"world_size": [1], "generation.batch_size": [2]}, base=base)
+    (row,) = rows
+    assert row["status"] == "ok" and row["projected_round_ms"] == "" and row["measured_round_ms"] == ""
+    assert "cost model: no projection for P1_batch_size-2, a batched point" in stdout, stdout

@@ -117,6 +117,14 @@ def projected_speedup(compression: float, curve: Sequence[dict], round_s: float)
     return compression * forward_time(curve, 1) / round_s
 
 
+def batched(summary: dict) -> float | None:
+    """A summary's mean requests per forward where a forward held more than one (a batched job's), else
+    None: the model prices a round as one request's forward, which such a job's per-round figures are not
+    (its rounds overlap in the forwards the requests share)."""
+    mean = summary.get("mean_batch")
+    return mean if isinstance(mean, (int, float)) and not isinstance(mean, bool) and mean > 1 + 1e-9 else None
+
+
 def project(summary: dict, curve: Sequence[dict], collective_s: float, verify_s: float = 0.0) -> dict:
     """Projected and measured per-round seconds and speedup for one job summary (summary.json)."""
     rounds = summary.get("rounds") or 0
@@ -168,20 +176,27 @@ def splits_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def find_curve(data) -> list[dict] | None:
-    """The first forward curve ([{rows, seconds}, ...]) in a JSON document: scripts/gpu_check.py's
-    report (under `forward_curve`), a sweep's cost/curve-*.json (under `curve`), or a bare list."""
+def find_curves(data, path: str = "") -> list[tuple[str, list[dict]]]:
+    """Every forward curve ([{rows, seconds}, ...]) in a JSON document, with where it lies
+    (`stages/eager/llama-7b/forward_curve`): scripts/gpu_check.py's report (one under `forward_curve` per
+    stage and model), a sweep's cost/curve-*.json (under `curve`), or a bare list."""
     if isinstance(data, list) and data and all(isinstance(p, dict) and {"rows", "seconds"} <= set(p) for p in data):
-        return data
-    children = data.values() if isinstance(data, dict) else data if isinstance(data, list) else []
-    if isinstance(data, dict):
-        for key in ("forward_curve", "curve"):
-            if key in data and (found := find_curve(data[key])):
-                return found
-    for child in children:
-        if isinstance(child, (dict, list)) and (found := find_curve(child)):
-            return found
-    return None
+        return [(path, data)]
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else []
+    return [found for key, child in items if isinstance(child, (dict, list))
+            for found in find_curves(child, f"{path}/{key}" if path else str(key))]
+
+
+def find_curve(data, which: str | None = None) -> list[dict] | None:
+    """The forward curve in a JSON document (find_curves); where it holds several (a gpu_check report of
+    several models or stages), the one whose place contains `which`; ValueError when that is not one."""
+    found = find_curves(data)
+    if which is not None:
+        found = [(path, curve) for path, curve in found if which in path.split("/") or which in path]
+    if len(found) > 1:
+        raise ValueError(f"it holds {len(found)} forward curves ({', '.join(path for path, _ in found)}); "
+                         f"choose one by a part of its place")
+    return found[0][1] if found else None
 
 
 # ---- measurements --------------------------------------------------------------------------------------------
@@ -543,8 +558,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m lp.measure.cost_model", description=main.__doc__)
     ap.add_argument("--curve", required=True, help="JSON holding a forward curve (gpu_check's report, a sweep's "
                                                    "cost/curve-*.json, or a list of {rows, seconds})")
+    ap.add_argument("--curve-of", metavar="PART", help="the curve of a --curve file that holds several (gpu_check's: "
+                                                       "one per stage and model): a part of its place, e.g. llama-7b")
     ap.add_argument("--summary", help="a job's summary.json: S, rows per round, host ms and tokens per request "
-                                      "from it (one worker's run gives the rows R)")
+                                      "from it (a run of one worker, lp_size 1, at batch_size 1, gives the rows R)")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--compression", type=float, help="S (tokens per round)")
     ap.add_argument("--rows", type=float, help="rows one worker feeds per round (R)")
@@ -560,9 +577,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 return json.load(f)
         except (OSError, ValueError) as e:
             ap.error(f"{option}: cannot read {path}: {getattr(e, 'strerror', None) or e}")
-    curve = find_curve(read("--curve", a.curve))
+    try:
+        curve = find_curve(read("--curve", a.curve), a.curve_of)
+    except ValueError as e:
+        ap.error(f"--curve: {a.curve}: {e} with --curve-of")
     if not curve:
-        ap.error(f"--curve: no forward curve in {a.curve}")
+        ap.error(f"--curve: no forward curve in {a.curve}" + (f" whose place contains {a.curve_of!r}"
+                                                               if a.curve_of else ""))
     bad = [p for p in curve if not all(_finite(p[k]) and p[k] >= 0 for k in ("rows", "seconds"))]
     if bad:
         ap.error(f"--curve: {a.curve} holds points whose rows and seconds are not finite numbers >= 0: {bad[:3]}")
@@ -581,7 +602,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     missing = [k for k, v in figures.items() if v is None]
     if missing:
-        ap.error(f"give --summary or --{' --'.join(missing)}")
+        ap.error(f"give --{' --'.join(missing)}" + (f" (the summary {a.summary} has no decoded prompt)"
+                                                    if a.summary else " or --summary"))
+    taken = [k for k in figures if getattr(a, k) is None]      # the figures read from the summary
+    lp_size = s.get("lp_size")
+    if taken and batched(s):
+        ap.error(f"--summary: {a.summary} is a batched run's ({batched(s):.2f} requests per forward): its "
+                 f"per-round figures are shared by a forward's requests, and the model prices one request per "
+                 f"forward. Give a run's at generation.batch_size 1, or --{' --'.join(taken)}")
+    if isinstance(lp_size, int) and lp_size > 1 and {"rows", "host_ms"} & set(taken):
+        ap.error(f"--summary: {a.summary} is an LP group's (lp_size {lp_size}): its rows and host ms per round "
+                 f"are rank 0's share, not one worker's R. Give a run's at lp_size 1, or --rows and --host-ms")
     # S and R are at least 1 (a round emits a token and feeds a row), the times finite and >= 0
     values = {**figures, "verify_ms": a.verify_ms, "gather_ms": a.gather_ms}
     least = {"compression": 1, "rows": 1, "tokens": 0, "host_ms": 0, "verify_ms": 0, "gather_ms": 0}
