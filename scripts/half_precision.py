@@ -18,6 +18,7 @@ whose margin was as small (a flip at the 1% smallest margins is a near-tie).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import click
 import torch
 
-from lp.jobs.config import load_config
+from lp.jobs.config import ConfigError, load_config
 from lp.jobs.data import load_prompts
 from lp.jobs.runner import prompt_ids, run_job
 from lp.models import load_model
@@ -57,17 +58,26 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 @click.command()
 @click.option("--config", "config_path", default=str(ROOT / "configs" / "humaneval-smollm2.yaml"), show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--limit", default=20, show_default=True)
-@click.option("--max-new-tokens", default=256, show_default=True)
-@click.option("--threads", default=2, show_default=True)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--set", "overrides", multiple=True, help="more job overrides, section.key=value")
-@click.option("--json", "json_out", default=None, help="also write the figures here")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the figures here")
 def main(config_path, dtype, limit, max_new_tokens, threads, overrides, json_out):
+    if json_out is not None:        # before the job runs, not after
+        folder = json_out.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"{json_out}: {folder} is not a directory this process can write in",
+                                     param_hint="--json")
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(config_path, [f"model.dtype={dtype}", f"data.limit={limit}", "baseline=true",
-                                        f"generation.max_new_tokens={max_new_tokens}", f"output.dir={out}",
-                                        "model.device=cpu", *overrides])
+        try:
+            cfg = load_config(config_path, [f"model.dtype={dtype}", f"data.limit={limit}", "baseline=true",
+                                            f"generation.max_new_tokens={max_new_tokens}", f"output.dir={out}",
+                                            "model.device=cpu", *overrides])
+        except ConfigError as e:
+            raise click.UsageError(str(e)) from None
         run_job(cfg, fresh=True)
         records = [json.loads(line) for line in (Path(out) / "results.jsonl").read_text().splitlines()]
     loaded = load_model(cfg.model.name, **cfg.model.load_kwargs())

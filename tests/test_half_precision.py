@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -59,3 +60,22 @@ def test_half_precision_script_on_a_tiny_job(tmp_path):
         if not row["identical"] and "margin" in row:
             assert 0 <= row["position"] < row["tokens"] and row["margin"] >= 0 and 0 <= row["as_small"] <= 1
             assert row["reference"] != row["ours"] and row["task_id"] in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--limit", "0"], "'--limit': 0 is not in the range x>=1"),
+    (["--threads", "0"], "'--threads': 0 is not in the range x>=1"),
+    (["--config", "nothere.yaml"], "config file not found: nothere.yaml"),
+    (["--set", "lookahead.windw=3"], "did you mean lookahead.window?"),
+    (["--json", "/nonexistent/x.json"], "/nonexistent is not a directory this process can write in"),
+])
+def test_bad_options_are_refused_before_the_job_runs(monkeypatch, args, message):
+    """A bad option was a traceback (a config error, threads 0), or, for an unwritable --json, an error
+    after the whole job had run and its figures were printed: now a usage line and exit 2, first."""
+    from click.testing import CliRunner
+
+    import half_precision
+
+    monkeypatch.setattr(half_precision, "run_job", lambda *a, **k: pytest.fail("the job ran"))
+    result = CliRunner().invoke(half_precision.main, args)
+    assert result.exit_code == 2 and message in result.output, result.output
