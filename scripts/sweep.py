@@ -102,12 +102,14 @@ def load_sweep(path: Path) -> tuple[dict, dict[str, list], str | None]:
         raw = read_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise SweepError(f"cannot read sweep file {path}: {one_line(e, named=False)}") from None
-    if not isinstance(raw, dict) or "grid" not in raw:
+    if not isinstance(raw, dict):
         raise SweepError(f"{path}: a sweep file is a mapping with `base:` and `grid:`")
     unknown = [str(k) for k in raw if k not in TOP_KEYS]
     if unknown:
         raise SweepError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(map(repr, unknown))} (a sweep file has {', '.join(TOP_KEYS)})")
+    if "grid" not in raw:
+        raise SweepError(f"{path}: a sweep file is a mapping with `base:` and `grid:`")
     output = raw.get("output")
     if output is not None and (not isinstance(output, str) or not output.strip()):
         raise SweepError(f"{path}: output must be a directory path (a string); got {output!r}")
@@ -423,20 +425,25 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
     paths = []
     specs = [
         (PLOTS[0], "speedup", "world size P", "speedup over autoregressive", "Speedup vs world size"),
-        (PLOTS[2], "tokens_per_second", "world size P", "tokens / s", "Tokens/s vs world size"),
+        # the summary's tokens_per_second: one request's decode speed (tokens over its decode seconds), as its
+        # baseline's; the job's throughput over the wall time is latency_vs_throughput's
+        (PLOTS[2], "tokens_per_second", "world size P", "per-request tokens / s (decode)",
+         "Per-request tokens/s vs world size"),
     ]
     for filename, ykey, xlabel, ylabel, title in specs:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for label, pts in series(ykey).items():
+        data = series(ykey)
+        for label, pts in data.items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         if ykey == "tokens_per_second":
             base = series("baseline_tokens_per_second")
             for label, pts in base.items():
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x", linestyle="--",
                         label=f"autoregressive ({label})" if labelled else "autoregressive")
-        if ykey == "speedup":
+        if ykey == "speedup" and data:
             ax.axhline(1.0, color="grey", linewidth=0.8)
-        _finish(ax, fig, xlabel, ylabel, title, out / filename, paths)
+        _finish(ax, fig, xlabel, ylabel, title, out / filename, paths,
+                empty="no speedup: the base job has no baseline" if ok and ykey == "speedup" else None)
     fig, ax = plt.subplots(figsize=(6, 4))
     pts = [(float(r["rows_per_round"]), float(r["compression"])) for r in ok
            if r.get("rows_per_round") not in (None, "") and r.get("compression") not in (None, "")]
@@ -467,14 +474,14 @@ def plot(rows: list[dict], grid: dict[str, list], out: Path) -> list[Path]:
     return paths
 
 
-def _finish(ax, fig, xlabel, ylabel, title, path, paths):
+def _finish(ax, fig, xlabel, ylabel, title, path, paths, empty: str | None = None):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     if not ax.has_data():
-        ax.text(0.5, 0.5, "no finished points", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, empty or "no finished points", ha="center", va="center", transform=ax.transAxes)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

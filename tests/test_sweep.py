@@ -202,6 +202,27 @@ def test_the_world_size_plots_draw_one_line_per_lp_split(tmp_path, monkeypatch):
     assert {"lp_size=1", "lp_size=2"} <= set(labels)
 
 
+
+def test_a_sweep_without_a_baseline_says_why_its_speedup_plot_is_empty(tmp_path, monkeypatch):
+    """Finished points without a baseline have no speedup: the plot said nothing (its 1.0 line counted
+    as data, so 'no finished points' never showed); it now says why. The tokens/s plot names what it
+    draws: one request's decode speed."""
+    import matplotlib.axes
+
+    module = _script(monkeypatch)
+    texts, ylabels = [], []
+    real_text, real_ylabel = matplotlib.axes.Axes.text, matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **kw: texts.append(s)
+                        or real_text(self, x, y, s, *a, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel", lambda self, label, *a, **kw: ylabels.append(label)
+                        or real_ylabel(self, label, *a, **kw))
+    rows = [{"point": f"P{p}", "status": "ok", "world_size": p, "lp_size": p, "dp_size": 1,
+             "tokens_per_second": 10.0 * p, "compression": 2.0, "rows_per_round": 20.0} for p in (1, 2)]
+    module.plot(rows, {"world_size": [1, 2]}, tmp_path)
+    assert "no speedup: the base job has no baseline" in texts
+    assert "per-request tokens / s (decode)" in ylabels
+
+
 def _dead(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
@@ -408,6 +429,12 @@ def test_a_bad_sweep_file_is_refused_in_one_line(tmp_path, spec, message):
     assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stdout + proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_grid_is_named(tmp_path):
+    """`grids:` for `grid:` got the generic 'a mapping with base: and grid:' line; it names the key now."""
+    proc = run_sweep_file(tmp_path, {"base": BASE, "grids": {"world_size": [1]}}, tmp_path / "out")
+    assert proc.returncode == 2 and "unknown key 'grids' (a sweep file has base, grid, output)" in proc.stderr
 
 
 def test_a_rerun_with_an_invalid_job_config_fails_its_points(tmp_path, one_point):
