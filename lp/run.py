@@ -83,7 +83,23 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _Command(click.Command):
+    """click's command, whose usage errors (an unknown flag, a missing --config, --force with --fresh) are
+    shown by global rank 0 alone and, under torchrun, are each worker's reply file, as a config error's
+    line is (click shows them itself, on every rank, and torchrun's summary pointed at its docs)."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)     # --help: shown, and 0 returned
+        except click.ClickException as e:       # a usage error, mostly
+            if int(os.environ.get("RANK", "0")) == 0:
+                e.show()
+            _reply_to_torchrun(f"error: {e.format_message()}")
+            raise SystemExit(e.exit_code) from None
+
+
+@click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", required=True, metavar="FILE.yaml", help="Job config (YAML).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="Override one config key (value read as YAML); repeatable.")
@@ -165,7 +181,7 @@ def _exit_for(e: BaseException, comm: Comm) -> NoReturn:
     try:
         raise e
     except ResumeRefused as e:
-        _fail(str(e), 2)
+        _fail(f"{_rank_prefix(comm)}{e}", 2)
     except StartRefused as e:
         _fail(f"{_rank_prefix(comm)}{e}", e.status)
     except KeyboardInterrupt:

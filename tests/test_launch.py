@@ -75,3 +75,18 @@ def test_torchrun_names_a_workers_error_line_as_the_root_cause(tmp_path):
     assert summary.count("traceback : error: invalid config") == 2 and summary.count(line) == 2, summary
     assert "To enable traceback" not in summary
     assert proc.stderr[:proc.stderr.index("Traceback")].count(line) == 1    # printed by rank 0 alone
+
+
+def test_torchrun_names_a_usage_error_as_the_root_cause(tmp_path):
+    """A usage error (here --force with --fresh) was click's own: its usage text on every rank, and
+    torchrun's summary pointing at its docs. Rank 0 alone shows it now, and every rank's reply file holds
+    its line."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "lp.run", "--config", "job.yaml", "--force", "--fresh"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    line = "--force (resume despite a changed config) and --fresh (discard the results) exclude each other"
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    summary = proc.stderr[proc.stderr.index("Failures:"):]
+    assert summary.count(f"traceback : error: {line}") >= 1 and "To enable traceback" not in summary, summary
+    assert proc.stderr.count("Usage: ") == 1

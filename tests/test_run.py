@@ -719,3 +719,19 @@ def test_ctrl_c_before_the_job_is_the_interrupted_line_and_130(tmp_path, monkeyp
     result = CliRunner().invoke(main, ["--config", str(config), "--quiet", *(["--check"] if where == "check" else [])])
     line = "interrupted; --check writes nothing" if where == "check" else lp.run.INTERRUPTED
     assert result.exit_code == 130 and result.stderr.strip() == f"error: {line}", result.output
+
+
+def test_every_rank_names_itself_in_a_job_failure_line(capsys):
+    """Under several workers each failure line says whose it is; a refused resume's did not (rank 0's
+    'holds results made with a different config' stood beside rank 1's 'rank 1: global rank 0 refused')."""
+    from types import SimpleNamespace
+
+    from lp.jobs.data import DataError
+    from lp.jobs.results import ResumeRefused
+
+    comm = SimpleNamespace(job_rank=0, job_world=2)
+    for error, status in ((ResumeRefused("out holds 3 results made with a different config"), 2),
+                          (DataError("prompt file not found: x.jsonl"), 1)):
+        with pytest.raises(SystemExit) as exit_:
+            lp.run._exit_for(error, comm)
+        assert exit_.value.code == status and capsys.readouterr().err == f"error: rank 0: {error}\n"
