@@ -345,6 +345,9 @@ def main(config_path, overrides, limit, batches, generate_batches, cb_batches, p
         loaded = load_model(cfg.model.name, **{**cfg.model.load_kwargs(), "device": cfg.model.device})
     except ModelLoadError as e:
         raise click.ClickException(str(e))
+    if cfg.generation.stop and not hasattr(loaded.tokenizer, "get_vocab"):   # generate's stop_strings read it
+        raise click.UsageError(f"generate cannot take stop strings with the tokenizer of {loaded.name} (it has no "
+                               f"vocabulary to match them in): --set 'generation.stop=[]'")
     if cfg.data.chat_template and not getattr(loaded.tokenizer, "chat_template", None):
         raise click.UsageError(f"data.chat_template is true but the tokenizer of {loaded.name} has no chat template")
     positions = position_limit(loaded.model.config)

@@ -98,3 +98,8 @@ def test_bench_batch_leaves_out_prompts_a_job_could_not_decode(tmp_path):
     proc = run("--set", f"data.path={only_empty}")
     assert proc.returncode == 2 and "none of the 1 selected prompts can be decoded" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # stop strings on a tokenizer generate cannot match them with (the tiny model's): a usage line, not
+    # generate's AttributeError after the warm-up
+    proc = run("--set", f"data.path={data}", "--set", 'generation.stop=["cab"]')
+    assert proc.returncode == 2 and "generate cannot take stop strings with the tokenizer" in proc.stderr
+    assert "Traceback" not in proc.stderr
