@@ -188,3 +188,59 @@ def test_real_classeval_solutions_pass_on_the_first_ten_tasks():
     assert [o["result"] for o in outcomes] == ["passed"] * 10
     blank = evaluate_classeval([{"task_id": first[0], "completion": ""}], tasks, standalone=False, timeout_s=60)
     assert blank[0]["passed"] is False  # the bare skeleton (docstring-only methods) fails its tests
+
+
+def _gone(pid: str) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
+
+
+def test_a_program_that_clears_its_directory_is_a_verdict_not_an_error():
+    """Its stderr lay in its working directory: a failing program that removed it made the evaluation
+    (and the job, at every rerun) fail with FileNotFoundError. It is the program's verdict now."""
+    clear = "import os\nfor name in os.listdir('.'):\n    os.remove(name)\n"
+    assert run_program(clear + "raise SystemExit(1)\n", 20) == (False, "failed: exit status 1")
+    assert run_program(clear + "raise ValueError('gone')\n", 20) == (False, "failed: ValueError: gone")
+    assert run_program(clear, 20) == (True, "passed")
+
+
+def test_only_the_end_of_a_large_stderr_is_read_and_its_size_is_capped():
+    """The verdict read the whole stderr (5 GB of memory for a 1 GB one) and a looping print filled the
+    disk: the end alone is read, a line is cut short, and a program is stopped at the file cap."""
+    from lp.jobs.evaluate import FILE_CAP, VERDICT_CHARS
+
+    noisy = "import sys\nfor _ in range(200):\n    sys.stderr.write('warning\\n' * 10000)\n"
+    assert run_program(noisy + "raise AssertionError('last')\n", 20) == (False, "failed: AssertionError: last")
+    passed, result = run_program(f"raise ValueError('{'n' * 2 * VERDICT_CHARS}')\n", 20)
+    assert not passed and result.endswith("...") and len(result) < VERDICT_CHARS + 20
+    flood = f"import sys\nsys.stderr.write('x' * {FILE_CAP + (1 << 20)})\n"
+    assert run_program(flood, 20) == (False, f"failed: its stderr reached the {FILE_CAP >> 20} MiB cap")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_a_stopped_or_killed_evaluation_leaves_no_program_running(tmp_path, sig):
+    """Ctrl-C during evaluation waited for each running program's timeout; a killed job (SIGKILL, out of
+    memory) left them running for good. Both now end every program at once."""
+    import signal
+    import subprocess
+    import sys
+
+    pids = tmp_path / "pids"
+    program = f"import os, time\nopen({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\nwhile True: time.sleep(0.05)\n"
+    script = ("from lp.jobs.evaluate import _evaluate\n"
+              f"samples = [{{'task_id': f't{{i}}', 'completion': {program!r}}} for i in range(4)]\n"
+              "_evaluate(samples, {f't{i}': {} for i in range(4)}, lambda p, c: c, 'test', 60, 2)\n")
+    job = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = pids.read_text().split()
+    assert len(running) == 2
+    start = time.monotonic()
+    job.send_signal(getattr(signal, sig))
+    job.wait(timeout=30)
+    assert time.monotonic() - start < 10                    # not the programs' 60 s timeout
+    while not all(map(_gone, running)) and time.monotonic() - start < 10:
+        time.sleep(0.05)
+    assert all(map(_gone, running)), f"{running} outlived the job"
+    assert len(pids.read_text().split()) == 2               # none started after the signal
