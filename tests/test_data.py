@@ -131,6 +131,12 @@ def test_jsonl_a_byte_order_mark_opening_the_file_is_not_part_of_line_one(tmp_pa
     prompts = jsonl(path)
     assert (prompts[0].task_id, prompts[0].prompt, prompts[0].error) == ("a", "x", None)
     assert prompts[1].task_id == "<line 2>" and "not valid JSON" in prompts[1].error     # only the file's start
+    # a mark alone is a blank line (it was a bad one, which data.offset and limit counted); an undecodable
+    # byte on line one is counted from the file's first byte, as editors show it (it was 3 short)
+    path.write_bytes(b'\xef\xbb\xbf\n{"task_id": "a", "prompt": "x"}\n')
+    assert [(p.task_id, p.error) for p in jsonl(path)] == [("a", None)]
+    path.write_bytes(b'\xef\xbb\xbf{"a\xff": 1}\n')
+    assert jsonl(path)[0].error.startswith("p.jsonl:1: not UTF-8 text (byte 7 of the line")
 
 
 def test_jsonl_undecodable_bytes_are_that_lines_error(tmp_path):
@@ -185,6 +191,10 @@ def test_classeval_missing_file_says_where_to_get_it(tmp_path):
     ('{"task_id": "x"}', "expected a JSON list of ClassEval tasks"),
     ('[{"task_id": "x", "skeleton": "class A: pass"}]', "task 0 lacks test, test_classes"),
     ('[3]', "task 0 lacks (not an object)"),
+    ('[{"task_id": "x", "skeleton": "c", "test": "t", "test_classes": [1]}]', "test_classes [1] is not a list of"),
+    ('[{"task_id": "x", "skeleton": "c", "test": "t", "test_classes": []}]', "test_classes [] is not a list of"),
+    ('[{"task_id": "x", "skeleton": "\\ud800", "test": "t", "test_classes": ["T"]}]',
+     "task 0: skeleton is not Unicode text (a lone surrogate escape, '\\ud800', at character 1)"),
 ])
 def test_classeval_unusable_file_is_one_line(tmp_path, content, needle):
     path = tmp_path / "ClassEval_data.json"
@@ -192,6 +202,12 @@ def test_classeval_unusable_file_is_one_line(tmp_path, content, needle):
     with pytest.raises(DataError) as err:
         classeval(path)
     assert needle in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_classeval_file_may_open_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + MINI.read_bytes())
+    assert [p.task_id for p in classeval(path)] == [p.task_id for p in classeval(MINI)]
 
 
 def test_classeval_duplicate_task_id(tmp_path):

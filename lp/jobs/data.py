@@ -15,6 +15,7 @@ with no line at all, is an error of the whole job (DataError).
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def read_classeval(path: Path) -> dict[str, dict]:
     """ClassEval tasks by task id, in file order. Every way the file can be unusable (missing, not
     JSON, not a list of tasks with the fields a job uses) is one DataError line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")        # a byte order mark opens some files
     except FileNotFoundError:
         raise DataError(f"ClassEval file not found: {path} (get ClassEval_data.json from {CLASSEVAL_URL})") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -103,6 +104,14 @@ def read_classeval(path: Path) -> dict[str, dict]:
                  if isinstance(task, dict) else ["(not an object)"])
         if wrong:
             raise DataError(f"{path}: task {number} lacks {', '.join(wrong)}; expected ClassEval_data.json")
+        names = task["test_classes"]
+        if not names or not all(isinstance(n, str) and n.strip().isidentifier() for n in names):
+            raise DataError(f"{path}: task {number}: test_classes {short_repr(names, 60)} is not a list of class "
+                            f"names; expected ClassEval_data.json")
+        for key in ("task_id", "skeleton", "test"):       # JSON's "\ud800": no record or program holds it
+            if (at := lone_surrogate(task[key])) is not None:
+                raise DataError(f"{path}: task {number}: {key} is not Unicode text (a lone surrogate escape, "
+                                f"{task[key][at]!r}, at character {at + 1})")
         if task["task_id"] in out:
             raise DataError(f"{path}: task id {task['task_id']!r} appears twice")
         out[task["task_id"]] = task
@@ -120,21 +129,24 @@ def _read_jsonl(path: Path) -> list[Prompt]:
     seen: dict[str, int] = {}  # task id -> first line
     with fh:
         for lineno, raw in enumerate(fh, start=1):
+            skipped = len(codecs.BOM_UTF8) if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else 0
+            raw = raw[skipped:]             # a byte order mark opens some files: a line of it alone is blank
             if raw.strip():
-                prompts.append(_parse_line(raw, lineno, path, seen))
+                prompts.append(_parse_line(raw, lineno, path, seen, skipped))
     return prompts
 
 
-def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int]) -> Prompt:
+def _parse_line(raw: bytes, lineno: int, path: Path, seen: dict[str, int], skipped: int = 0) -> Prompt:
+    """Line `lineno` (`raw`, after the `skipped` bytes of a byte order mark) as a prompt or its error."""
     where, fallback_id = f"{path.name}:{lineno}", f"<line {lineno}>"
 
     def bad(what: str, task_id: str = fallback_id) -> Prompt:
         return Prompt(task_id, "", error=f"{where}: {what}", line=lineno)
 
     try:
-        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")     # a byte order mark opens some files
+        line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return bad(f"not UTF-8 text (byte {e.start + 1} of the line: {e.reason})")
+        return bad(f"not UTF-8 text (byte {skipped + e.start + 1} of the line: {e.reason})")
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
