@@ -139,3 +139,29 @@ def test_two_workers_finish_the_job_like_one(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["collectives_per_round"] == 2
     assert summary["bytes_per_round"] > 0 and summary["max_rows_per_round"] > 0
+
+
+def test_torchrun_max_restarts_resumes_the_job_after_a_killed_worker(tmp_path):
+    """Under `torchrun --max-restarts 1` a worker killed mid-job (SIGKILL) is restarted with the other:
+    the restarted workers resume the job and finish it, one record per prompt, torchrun exits 0."""
+    from lp.processes import descendants
+
+    config = fault_job(tmp_path)
+    results = tmp_path / "out" / "results.jsonl"
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", "--max-restarts", "1", "-m", "lp.run", "--config", str(config), "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    try:
+        wait_for_records([launcher], lambda: written_lines(results), 3)
+        workers = [pid for pid in descendants(launcher.pid)
+                   if b"lp.run" in open(f"/proc/{pid}/cmdline", "rb").read() and pid != launcher.pid]
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err[-3000:]
+    ids = [r["task_id"] for r in read_results(results)]
+    assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()

@@ -200,8 +200,9 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend, timeout=timeout,
-                            device_id=dev if backend == "nccl" else None)
+    store = attempt_store(timeout)
+    dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if backend == "nccl" else None,
+                            store=store, rank=rank if store else -1, world_size=world if store else -1)
     job_cpu = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     groups = mesh(world, lp_size)
     store = dist.distributed_c10d._get_default_store()   # startup waits; the dp groups' hand-out and failure watch
@@ -217,6 +218,20 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
     lp, dp_rank = len(groups[0]), rank // len(groups[0])
     return Comm(rank % lp, lp, dev, backend, main, cpu, src=groups[dp_rank][0], dp_rank=dp_rank,
                 dp_size=len(groups), job_rank=rank, job_world=world, job_group=job_cpu, store=store)
+
+
+def attempt_store(timeout: datetime.timedelta):
+    """Under torchrun, the job's store with keys of this attempt's own (None elsewhere). torchrun keeps
+    one store server, and its keys, across the restarts of `--max-restarts`; the default process group of
+    a restart read the killed workers' addresses there when they came first, and gloo's connect timed out
+    (2 restarts of 4 failed so)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None:
+        return None
+    from torch.distributed.rendezvous import rendezvous
+
+    store, _, _ = next(rendezvous("env://", timeout=timeout))
+    return dist.PrefixStore(f"lp/attempt_{restart}/", store)
 
 
 def shutdown(comm: Comm | None = None) -> None:
