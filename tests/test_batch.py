@@ -18,6 +18,7 @@ from lp.decode.request import RoundPlan
 from lp.decode.tree import EMPTY, tree_of
 from lp.engine import BatchStats, GenerationParams, LookaheadParams, decode_batch
 from lp.jobs.config import JOB_LOOKAHEAD
+from lp.models import tiny_random_llama
 from lp.tiny import tiny_random
 from transformers import DynamicCache
 from test_architectures import models  # noqa: F401  (the float64 tiny models of lp.tiny, by family)
@@ -333,3 +334,33 @@ def test_a_raised_prompt_error_thaws_the_heap_and_dropped_caches_are_freed(model
     dropped = [weakref.ref(c) for c in model.__dict__["_lp_round_caches"].values()]
     lp.generate(model, [BASE * 20, BASE[:4]], max_new_tokens=6, batch_size=2, row_budget=False)   # another length
     assert dropped and all(ref() is None for ref in dropped)
+
+
+def test_a_long_requests_cache_is_not_kept_for_every_later_short_one():
+    """Every one-row cache length stayed on the model: a call of 4M new tokens left 7 GiB held by every
+    later call of 100. A one-row cache longer than KEPT_LONGER times a new one's is dropped for it; the
+    neighbouring lengths a job's requests need stay."""
+    import weakref
+
+    from lp.decode.kv_cache import KEPT_LONGER, cache_length, round_cache
+
+    model = tiny_random_llama(vocab=64, seed=0).model
+    long = weakref.ref(round_cache(model, 5000))
+    assert long() is not None
+    round_cache(model, 300)
+    round_cache(model, 600)
+    kept = model.__dict__["_lp_round_caches"]
+    assert sorted(kept) == [(1, 512), (1, 1024)] and long() is None
+    assert cache_length(5000) > KEPT_LONGER * cache_length(600)
+    round_cache(model, 2000)            # a neighbouring length: the shorter ones stay
+    assert sorted(kept) == [(1, 512), (1, 1024), (1, 2048)]
+
+
+def test_a_huge_cache_is_refused_before_anything_of_its_size_is_allocated():
+    """Its slot numbers (8 bytes a slot) were allocated before the free-memory check: a bare allocator
+    RuntimeError (or the out-of-memory killer) instead of the MemoryError that names the cache's size."""
+    from lp.decode.kv_cache import RoundCache
+
+    model = tiny_random_llama(vocab=64, seed=0).model
+    with pytest.raises(MemoryError, match=r"the K/V cache of 1 request row\(s\) x 1099511627776 slots needs"):
+        RoundCache(model, 2 ** 40)

@@ -124,8 +124,6 @@ class RoundCache(Cache):
         self.span = length                 # slots the next forward attends over (its mask's width)
         self.rows: slice | None = None
         self.slots: torch.Tensor | None = None
-        self.batch_index = torch.arange(batch, device=param.device)[:, None]
-        self.numbers = torch.arange(length + 1, device=param.device)    # slot numbers for the round's mask
         shapes = layer_shapes(model)
         kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
         groups = list(dict.fromkeys(kinds))
@@ -135,6 +133,8 @@ class RoundCache(Cache):
             raise MemoryError(f"the K/V cache of {batch} request row(s) x {length} slots needs {_size(size)} and "
                               f"{param.device} has {_size(free)} free: lower max_new_tokens (a row holds the "
                               f"prompt, max_new_tokens and one round, to a power of two) or batch_size")
+        self.batch_index = torch.arange(batch, device=param.device)[:, None]
+        self.numbers = torch.arange(length + 1, device=param.device)    # slot numbers for the round's mask
         self.buffers = [torch.zeros(kinds.count(g), batch, g[0], length, g[1], dtype=param.dtype, device=param.device)
                         for g in groups]
         for buffer in self.buffers:
@@ -188,18 +188,23 @@ def cache_length(need: int) -> int:
     return max(SLOT_QUANTUM, 1 << (need - 1).bit_length())
 
 
+KEPT_LONGER = 4         # a one-row cache longer than this many times a new one's length is dropped for it
+
+
 def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     """A cache of `batch` rows of at least `need` slots (`cache_length`), one cache per shape kept
     on the model, so a request always gets the same cache (the same shapes for compiled rounds,
-    the same addresses for CUDA graphs) whatever ran before it. A cache of another shape is
-    dropped first: a job holds one batch's cache at a time."""
+    the same addresses for CUDA graphs) whatever ran before it. A cache of another batch size is
+    dropped first: a job holds one batch's cache at a time. One-row caches of other lengths stay
+    (requests of a job need a few neighbouring lengths), but those longer than KEPT_LONGER times the
+    new one are dropped: one long request does not hold its cache for every later short one."""
     key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
     if key not in caches:
-        if batch > 1 or any(b > 1 for b, _ in caches):
-            for dropped in caches.values():      # freed now, not by a collection (decode_batch's frozen heap
-                dropped.release()                # would keep its layer <-> cache cycle until it thaws)
-            caches.clear()
+        for other in list(caches):
+            if batch > 1 or other[0] > 1 or other[1] > KEPT_LONGER * key[1]:
+                caches.pop(other).release()      # freed now, not by a collection (decode_batch's frozen heap
+                                                 # would keep its layer <-> cache cycle until it thaws)
         caches[key] = RoundCache(model, key[1], batch)
     return caches[key]
 
