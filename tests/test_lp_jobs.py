@@ -121,3 +121,24 @@ def test_the_bar_follows_the_other_groups(capsys):
         assert bar.done == bar.bar.n == 5
     finally:
         bar.close()
+
+
+def test_the_bars_latency_figures_are_the_records_percentiles():
+    """The bar sorted every latency at each record (quadratic over a long job); it keeps them sorted, and
+    its p50 and p95 are still those of the records, whatever order they end in."""
+    import random
+    from types import SimpleNamespace
+
+    from lp.jobs.runner import Progress
+    from lp.jobs.summary import percentile
+
+    seconds = [random.Random(0).uniform(0.1, 9.0) for _ in range(200)]
+    bar = Progress(len(seconds), kept=0, enabled=True)
+    try:
+        for s in seconds:
+            bar.advance(SimpleNamespace(new_tokens=4, forwards=2, decode_seconds=s, batch_per_round=None,
+                                        fed_rows_per_round=None, rows_per_round=[3, 3]))
+        assert bar.latency == sorted(seconds)
+        assert f"p50 {percentile(seconds, 50):.1f} s, p95 {percentile(seconds, 95):.1f} s" in bar.bar.postfix
+    finally:
+        bar.close()

@@ -32,6 +32,7 @@ group is done.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import sys
@@ -53,7 +54,7 @@ from lp.jobs.data import DataError, Prompt, load_prompts, prompt_digest, read_cl
 from lp.jobs.handout import Handout, store_prefix
 from lp.jobs.evaluate import evaluate_classeval, evaluate_humaneval, solution
 from lp.jobs.results import JobDir, JobDirError, ResumeRefused
-from lp.jobs.summary import RunFacts, error_record, percentile, result_record, summarize, tokens_per_second
+from lp.jobs.summary import RunFacts, error_record, result_record, sorted_percentile, summarize, tokens_per_second
 from lp.measure.cost_model import CURVE_PREFIX, budget_kwargs, row_costs
 from lp.messages import one_line
 from lp.models import LoadedModel, ModelLoadError, load_model, locate_model
@@ -451,7 +452,7 @@ class Progress:
         if result is not None:
             self.tokens += result.new_tokens
             self.forwards += result.forwards
-            self.latency.append(result.decode_seconds)
+            bisect.insort(self.latency, result.decode_seconds)      # sorted: no sort per record
             batch = result.batch_per_round or [1] * result.forwards
             self.rounds += len(batch)
             self.shares += sum(1 / b for b in batch)
@@ -462,7 +463,7 @@ class Progress:
                 self.bar.set_postfix_str(
                     f"{tokens_per_second(self.tokens, wall) or 0:.1f} tok/s, S={self.tokens / self.forwards:.2f}, "
                     f"batch {self.rounds / self.shares:.1f}, rows/fwd {self.rows / self.shares:.1f}, "
-                    f"p50 {percentile(self.latency, 50):.1f} s, p95 {percentile(self.latency, 95):.1f} s",
+                    f"p50 {sorted_percentile(self.latency, 50):.1f} s, p95 {sorted_percentile(self.latency, 95):.1f} s",
                     refresh=False)
             self.bar.update(self.done - self.bar.n)
 

@@ -90,9 +90,13 @@ class RunFacts:
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100) of values, linear between the closest ranks; None when empty."""
-    if not values:
+    return sorted_percentile(sorted(values), q)
+
+
+def sorted_percentile(xs: list[float], q: float) -> float | None:
+    """percentile() of values sorted ascending already (no sort: a running figure keeps them sorted)."""
+    if not xs:
         return None
-    xs = sorted(values)
     k = (len(xs) - 1) * q / 100
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
