@@ -337,3 +337,17 @@ def test_a_decoder_that_changes_text_far_behind_is_decoded_whole():
     checker = StopChecker([], 1000, ["XYZ"], tok)
     assert feed(checker, tokens) == 6 + 3 * SETTLE_TOKENS + 2
     assert checker._whole and checker.text == "bbbbb!" + "B" * (3 * SETTLE_TOKENS)
+
+
+def test_a_checkpoint_after_an_output_of_special_tokens_keeps_the_next_space():
+    """The checkpoint's seam was the output's own last tokens: after 64 special tokens (no text) a
+    stripping decoder dropped the first space of what followed, and a stop string on the indent never
+    matched. The seam reaches into the prompt's text now."""
+    from lp.decode.stopping import SETTLE_TOKENS
+
+    tok = llama_style_tokenizer()
+    prompt = tok.encode("def f(x):\n")
+    tokens = [1] * SETTLE_TOKENS + [6, 20, 13] + [15] * 10          # <s> x 64, '    return x', 'x' x 10
+    end, text = whole_decode_reference(tok, prompt, ("    return",), tokens)
+    checker = StopChecker([], len(tokens), ["    return"], tok, context=prompt)
+    assert feed(checker, tokens) + 1 == end == SETTLE_TOKENS + 2 and checker.text == text == ""

@@ -55,13 +55,15 @@ class StopChecker:
     U+FFFD that end the text waits for the next token: they may be a character split over tokens, whose
     later bytes replace them (a real U+FFFD at the end is matched one token later).
     The text is not decoded whole at every token, which costs O(length) a token (1.3 s for 4,096 tokens
-    of SmolLM2): the tokens since the last checkpoint are decoded after the ones before it, as the output
-    is after the prompt, and every SETTLE_TOKENS tokens a whole decode checks that and moves the
-    checkpoint. Where the seam's text changes (a decoder that tidies spaces across tokens) the checker
-    decodes whole from then on. So it does where a checkpoint's two texts differ: a decoder whose text
-    depends on tokens further back than the seam's CONTEXT_TOKENS, which no Hugging Face decoder (byte-level,
-    SentencePiece, WordPiece) does; for such a decoder a stop string before that checkpoint may end the
-    output late (at the checkpoint), its text still cut at the stop string.
+    of SmolLM2): the tokens since the last checkpoint are decoded after the ones before it (its seam),
+    as the output is after the prompt, and the checkpoint moves every SETTLE_TOKENS tokens. A whole
+    decode checks the text so made at 2, 4, 8, ... times SETTLE_TOKENS tokens (so O(length) in all).
+    Where the seam's text changes (a decoder that tidies spaces across tokens) the checker decodes whole
+    from then on. So it does where a check finds the two texts differ: a decoder whose text depends on
+    tokens further back than the seam's CONTEXT_TOKENS, which no Hugging Face decoder (byte-level,
+    SentencePiece, WordPiece) does; for such a decoder a stop string before that check may end the
+    output late (at the check), its text still cut at the stop string. Only the text from the
+    checkpoint (less a stop string's length) is searched: what lies before it was searched already.
     A caller's `criterion` (the generate drop-in's stopping criteria) sees the output after each token
     and ends it at that token ("stop") when it returns True.
     """
@@ -76,6 +78,7 @@ class StopChecker:
         self.eos = frozenset(eos_token_ids)
         self.max_new_tokens = max_new_tokens
         self.stop = tuple(stop)
+        self._longest = max(map(len, self.stop), default=0)
         self.tokenizer = tokenizer
         self.criterion = criterion
         self.context, self._before = (text_context(tokenizer, [int(t) for t in context]) if tokenizer is not None
@@ -86,6 +89,7 @@ class StopChecker:
         # the checkpoint: tokens[:_mark] decode to _settled (checked whole); _seam, _seam_text: their tail
         self._mark, self._settled, self._seam, self._seam_text = 0, "", self.context, self._before
         self._whole = False     # decode whole at every token (a decoder the checkpoint does not hold for)
+        self._check_at = 2 * SETTLE_TOKENS      # the next checkpoint that a whole decode checks
 
     def push(self, token: int) -> str | None:
         if self.reason is not None:
@@ -104,42 +108,59 @@ class StopChecker:
     def _decode(self) -> str:
         return continuation_text(self.tokenizer, self.context, self.tokens, self._before)
 
-    def _text_so_far(self) -> str:
-        """The output's text, as _decode gives it, decoded from the checkpoint on (see the class)."""
+    def _text_parts(self) -> tuple[str, str]:
+        """The output's text, as _decode gives it, as (head, tail): the checkpoint's text and what the
+        tokens since add, decoded after its seam (see the class); or (the whole text, "")."""
         if self._whole or not self._mark and len(self.tokens) < SETTLE_TOKENS:
-            return self._decode()
+            return self._decode(), ""
         if len(self.tokens) - self._mark >= SETTLE_TOKENS:
-            return self._checkpoint()
+            return self._checkpoint(), ""
         tail = self._tail()
         if tail is None:            # the seam's own text changed: a decoder that tidies across tokens
             self._whole = True
-            return self._decode()
-        return self._settled + tail
+            return self._decode(), ""
+        return self._settled, tail
 
     def _tail(self) -> str | None:
         """The text of the tokens since the checkpoint, decoded after its seam; None if the seam's changes."""
         return continuation_text(self.tokenizer, self._seam, self.tokens[self._mark:], self._seam_text, seam_kept=True)
 
     def _checkpoint(self) -> str:
-        """A whole decode; the checkpoint moves to here if the text decoded from the last one is the same."""
-        whole = self._decode()
-        if self._mark:
+        """The text so far, the checkpoint moved to its end. The first is decoded whole, and so are those
+        at 2, 4, 8, ... times SETTLE_TOKENS tokens, to check the text decoded after the seams (a whole
+        decode at every checkpoint cost O(length) every SETTLE_TOKENS tokens)."""
+        if not self._mark:
+            text = self._decode()
+        else:
             tail = self._tail()
-            if tail is None or self._settled + tail != whole:
+            text = None if tail is None else self._settled + tail
+            if text is not None and len(self.tokens) >= self._check_at:
+                self._check_at *= 2
+                whole = self._decode()
+                if whole != text:
+                    text = None
+            if text is None:
                 self._whole = True
-                return whole
-        if not whole.endswith("\ufffd"):         # not inside a character split over tokens
-            self._mark, self._settled = len(self.tokens), whole
-            self._seam, self._seam_text = text_context(self.tokenizer, self.tokens)
-        return whole
+                return self._decode()
+        if not text.endswith("\ufffd"):         # not inside a character split over tokens
+            self._mark, self._settled = len(self.tokens), text
+            # the seam reaches into the prompt where the output so far has no text (special tokens):
+            # without text before it, a stripping decoder drops the next token's first space
+            self._seam, self._seam_text = text_context(self.tokenizer, [*self.context, *self.tokens])
+        return text
 
     def _find_stop(self) -> int | None:
-        text = self._text_so_far()
+        checked = len(self._settled)        # the checkpoint's text: the same after this token, searched before
+        head, tail = self._text_parts()
+        # so a new match ends past it: the text searched starts a stop string short of it (at 0 where the
+        # text is decoded whole), without copying the output's text at every token
+        start = 0 if self._whole else max(0, checked - self._longest + 1)
+        text = head[start:] + tail
         # trailing U+FFFD may be a character whose bytes are still to come: a match reaching into it waits
         settled = len(text.rstrip("\ufffd"))
         hits = [i for i, s in ((text.find(s), s) for s in self.stop) if 0 <= i and i + len(s) <= settled]
         if hits:
-            self._cut = min(hits)
+            self._cut = start + min(hits)
         return self._cut
 
     @property
