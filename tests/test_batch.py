@@ -336,24 +336,28 @@ def test_a_raised_prompt_error_thaws_the_heap_and_dropped_caches_are_freed(model
     assert dropped and all(ref() is None for ref in dropped)
 
 
-def test_a_long_requests_cache_is_not_kept_for_every_later_short_one():
-    """Every one-row cache length stayed on the model: a call of 4M new tokens left 7 GiB held by every
-    later call of 100. A one-row cache longer than KEPT_LONGER times a new one's is dropped for it; the
-    neighbouring lengths a job's requests need stay."""
+def test_one_row_caches_stay_until_a_new_one_does_not_fit_beside_them(monkeypatch):
+    """A library call of 4M new tokens left its 7 GiB cache on the model, and a later long call then
+    allocated beside it until the OOM killer came. One-row caches of other lengths stay (a job's
+    requests alternate between a few, and a dropped one would be made, and captured, again), but when a
+    new one does not fit in the free memory beside them they are dropped, the longest first."""
     import weakref
 
-    from lp.decode.kv_cache import KEPT_LONGER, cache_length, round_cache
+    import lp.decode.kv_cache as kv_cache
+    from lp.decode.kv_cache import cache_bytes, round_cache
 
     model = tiny_random_llama(vocab=64, seed=0).model
-    long = weakref.ref(round_cache(model, 5000))
-    assert long() is not None
-    round_cache(model, 300)
-    round_cache(model, 600)
-    kept = model.__dict__["_lp_round_caches"]
-    assert sorted(kept) == [(1, 512), (1, 1024)] and long() is None
-    assert cache_length(5000) > KEPT_LONGER * cache_length(600)
-    round_cache(model, 2000)            # a neighbouring length: the shorter ones stay
-    assert sorted(kept) == [(1, 512), (1, 1024), (1, 2048)]
+    kept = model.__dict__.setdefault("_lp_round_caches", {})
+    budget = cache_bytes(model, 8192) + cache_bytes(model, 1024) + cache_bytes(model, 512)
+    monkeypatch.setattr(kv_cache, "free_bytes", lambda device: budget - sum(
+        cache_bytes(model, length, batch) for batch, length in kept))
+    long, short = round_cache(model, 5000), round_cache(model, 300)
+    assert round_cache(model, 5000) is long and round_cache(model, 300) is short     # alternating: the same
+    middle = weakref.ref(round_cache(model, 600))
+    assert sorted(kept) == [(1, 512), (1, 1024), (1, 8192)]
+    long = weakref.ref(long)
+    round_cache(model, 2000)            # 2048 slots do not fit beside the rest: the longest goes first
+    assert sorted(kept) == [(1, 512), (1, 1024), (1, 2048)] and long() is None and middle() is not None
 
 
 def test_a_huge_cache_is_refused_before_anything_of_its_size_is_allocated():

@@ -127,7 +127,7 @@ class RoundCache(Cache):
         shapes = layer_shapes(model)
         kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
         groups = list(dict.fromkeys(kinds))
-        size = sum(kinds.count(g) * g[0] * g[1] for g in groups) * batch * length * param.element_size()
+        size = cache_bytes(model, length, batch)
         free = free_bytes(param.device)
         if free is not None and size > free:     # refused before torch tries (a CPU process would be killed)
             raise MemoryError(f"the K/V cache of {batch} request row(s) x {length} slots needs {_size(size)} and "
@@ -151,6 +151,13 @@ class RoundCache(Cache):
     def release(self) -> None:
         """Let go of the buffers and of the layers (which point back at the cache: a cycle)."""
         self.layers, self.buffers = [], []
+
+
+def cache_bytes(model, length: int, batch: int = 1) -> int:
+    """The bytes of a RoundCache of `batch` rows of `length` slots on `model`."""
+    shapes = layer_shapes(model)
+    per_slot = sum(s.key_heads * s.key_dim + s.value_heads * s.value_dim for s in shapes)
+    return per_slot * batch * length * next(model.parameters()).element_size()
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -188,23 +195,26 @@ def cache_length(need: int) -> int:
     return max(SLOT_QUANTUM, 1 << (need - 1).bit_length())
 
 
-KEPT_LONGER = 4         # a one-row cache longer than this many times a new one's length is dropped for it
-
-
 def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     """A cache of `batch` rows of at least `need` slots (`cache_length`), one cache per shape kept
     on the model, so a request always gets the same cache (the same shapes for compiled rounds,
     the same addresses for CUDA graphs) whatever ran before it. A cache of another batch size is
     dropped first: a job holds one batch's cache at a time. One-row caches of other lengths stay
-    (requests of a job need a few neighbouring lengths), but those longer than KEPT_LONGER times the
-    new one are dropped: one long request does not hold its cache for every later short one."""
+    (a job's requests need a few lengths, and a dropped one would be made, and its compiled rounds
+    captured, again), unless the new one does not fit in the free memory beside them: then they are
+    dropped, the longest first, until it fits (a library caller's long request does not make a
+    later one fail)."""
     key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
     if key not in caches:
-        for other in list(caches):
-            if batch > 1 or other[0] > 1 or other[1] > KEPT_LONGER * key[1]:
-                caches.pop(other).release()      # freed now, not by a collection (decode_batch's frozen heap
-                                                 # would keep its layer <-> cache cycle until it thaws)
+        device, size = next(model.parameters()).device, cache_bytes(model, key[1], batch)
+        batched = batch > 1 or any(b > 1 for b, _ in caches)
+        for other in sorted(caches, key=lambda k: k[1], reverse=True):
+            free = None if batched else free_bytes(device)
+            if not batched and (free is None or size <= free):
+                break
+            caches.pop(other).release()       # freed now, not by a collection (decode_batch's frozen heap
+                                              # would keep its layer <-> cache cycle until it thaws)
         caches[key] = RoundCache(model, key[1], batch)
     return caches[key]
 
