@@ -165,3 +165,37 @@ def test_torchrun_max_restarts_resumes_the_job_after_a_killed_worker(tmp_path):
     assert launcher.returncode == 0, err[-3000:]
     ids = [r["task_id"] for r in read_results(results)]
     assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()
+
+
+def test_two_nodes_of_multi_node_sh_resume_the_job_after_a_killed_worker(tmp_path):
+    """launch/multi_node.sh on two nodes (two agents here, one worker each) with MAX_RESTARTS=1: a
+    worker killed mid-job restarts the workers of both nodes, which resume and finish the job. A node's
+    restart count is its own, so the attempt's store comes from TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    which the script sets; without it every such restart failed."""
+    from lp.processes import descendants
+    from multiproc import free_port
+
+    config = fault_job(tmp_path)
+    results = tmp_path / "out" / "results.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", NNODES="2", NPROC="1", HEAD_ADDR="127.0.0.1",
+               PORT=str(free_port()), JOB_ID=f"lp-test-{os.getpid()}", MAX_RESTARTS="1")
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    nodes = [subprocess.Popen(["bash", str(ROOT / "launch" / "multi_node.sh"), "--config", str(config), "--quiet"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True) for _ in range(2)]
+
+    def worker(node):
+        return [pid for pid in descendants(node.pid) if b"torch.distributed.run" not in
+                open(f"/proc/{pid}/cmdline", "rb").read() and b"lp.run" in open(f"/proc/{pid}/cmdline", "rb").read()]
+    try:
+        wait_for_records(nodes, lambda: written_lines(results), 3)
+        (victim,) = worker(nodes[1])
+        os.kill(victim, signal.SIGKILL)
+        errs = [node.communicate(timeout=300)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [node.returncode for node in nodes] == [0, 0], [e[-2000:] for e in errs]
+    ids = [r["task_id"] for r in read_results(results)]
+    assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()

@@ -221,12 +221,15 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
 
 
 def attempt_store(timeout: datetime.timedelta):
-    """Under torchrun, the job's store with keys of this attempt's own (None elsewhere). torchrun keeps
-    one store server, and its keys, across the restarts of `--max-restarts`; the default process group of
-    a restart read the killed workers' addresses there when they came first, and gloo's connect timed out
-    (2 restarts of 4 failed so)."""
+    """Under torchrun on one node, the job's store with keys of this attempt's own (None elsewhere).
+    torchrun keeps one store server, and its keys, across the restarts of `--max-restarts`; the default
+    process group of a restart read the killed workers' addresses there when they came first, and gloo's
+    connect timed out (4 restarts of 5 failed so). On several nodes the restart count is each node's
+    own (a node whose workers did not fail restarts them with its count unchanged), so no prefix can be
+    agreed on from it: there launch/multi_node.sh and slurm.sbatch set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    which gives every attempt a store server of its own."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restart is None:
+    if restart is None or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return None
     from torch.distributed.rendezvous import rendezvous
 
