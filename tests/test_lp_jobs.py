@@ -132,7 +132,8 @@ def test_the_bars_latency_figures_are_the_records_percentiles():
     from lp.jobs.runner import Progress
     from lp.jobs.summary import percentile
 
-    seconds = [random.Random(0).uniform(0.1, 9.0) for _ in range(200)]
+    rng = random.Random(0)
+    seconds = [rng.uniform(0.1, 9.0) for _ in range(200)]
     bar = Progress(len(seconds), kept=0, enabled=True)
     try:
         for s in seconds:
