@@ -245,3 +245,64 @@ def test_jobwide_index_reads_earlier_sequences():
     job.add([20, 21])
     d = job.draft([5, 11, 12], max_nodes=8, factor=4)
     assert d.tokens == [13, 14] and d.match == 2   # what followed in the first completion
+
+
+def occurrences(index: SuffixIndex, first: int = 0) -> dict:
+    """Every m-gram's occurrences in the sequences from `first` on, oldest first."""
+    out = {}
+    for key, bucket in index._ends.items():
+        found = [(s, e) for s, e in reversed(index._occurrences(key, len(bucket) // 8)) if s >= first]
+        if found:
+            out[key] = found
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_bounded_index_forgets_the_oldest_sequences(seed):
+    """Past `most_tokens` the oldest sequences are forgotten whole, the fewest that bring it under, never
+    the newest: every occurrence of the others is kept, in order, whether the sequences were added
+    whole (a job's completions) or grew side by side; added whole, its drafts and spans are those of an
+    index of the kept sequences alone."""
+    rng = random.Random(seed)
+    vocab, max_ngram, most = rng.choice([2, 3, 6]), rng.randint(1, 5), rng.choice([0, 10, 40, 100])
+    side_by_side = rng.random() < 0.5
+    index, unbounded, lengths = SuffixIndex(max_ngram, most_tokens=most), SuffixIndex(max_ngram), []
+    for _ in range(rng.randint(1, 12)):
+        lengths.append(rng.randint(0, 30))
+        tokens = [rng.randrange(vocab) for _ in range(lengths[-1])]
+        index.add(tokens), unbounded.add(tokens)
+        last = len(lengths) - 1
+        assert index.first == min([f for f in range(last) if sum(lengths[f:]) <= most] + [last])
+        if side_by_side:                # an older kept sequence grows after a newer one started
+            grown, tokens = rng.randrange(index.first, last + 1), [rng.randrange(vocab) for _ in range(5)]
+            index.extend(grown, tokens), unbounded.extend(grown, tokens)
+            lengths[grown] += 5
+        kept = index.seqs[index.first:]
+        assert kept == unbounded.seqs[index.first:] and all(not s for s in index.seqs[:index.first])
+        assert len(index) == sum(map(len, kept))
+        assert occurrences(index) == occurrences(unbounded, index.first)
+        if side_by_side:
+            continue
+        fresh = SuffixIndex(max_ngram)
+        for seq in kept:
+            fresh.add(seq)
+        for _ in range(5):
+            context = [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+            assert index.draft(context, 8, 4.0) == fresh.draft(context, 8, 4.0)
+            assert index.spans(context, 3, 4, max_ngram) == fresh.spans(context, 3, 4, max_ngram)
+
+
+def test_a_forgotten_sequence_cannot_grow():
+    index = SuffixIndex(2, most_tokens=3)
+    old = index.add([1, 2, 3])
+    index.add([4, 5])
+    assert index.first == 1 and len(index) == 2
+    with pytest.raises(ValueError, match="forgotten"):
+        index.extend(old, [6])
+
+
+def test_the_job_cache_is_bounded():
+    from lp.decode import propose
+    from lp.decode.params import LookaheadParams
+    corpus = propose.job_cache(LookaheadParams(suffix_factor=8.0, job_cache=True))
+    assert corpus.most_tokens == propose.JOB_CACHE_TOKENS

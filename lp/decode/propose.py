@@ -28,11 +28,18 @@ from lp.decode.tree import TokenTree, TreeBuilder
 
 GUESS_SCORE = 0.5
 SUFFIX_NGRAM = 8     # m-grams indexed; longer matches are found by extending an occurrence
+# the job cache keeps the latest completions up to this many tokens, forgetting the earliest first: about
+# 600 bytes a token (random code-like text, 100k tokens kept over 400k added), so at most about 0.6 GiB
+# of host memory however long the job; a draft reads only an m-gram's 64 latest occurrences anyway
+JOB_CACHE_TOKENS = 1 << 20
 
 
 def job_cache(params: LookaheadParams) -> SuffixIndex | None:
-    """The job-wide index of earlier completions, when the params use one."""
-    return SuffixIndex(max(SUFFIX_NGRAM, params.lookup_ngram)) if params.suffix and params.job_cache else None
+    """The job-wide index of earlier completions, when the params use one (the latest JOB_CACHE_TOKENS
+    tokens of them)."""
+    if not (params.suffix and params.job_cache):
+        return None
+    return SuffixIndex(max(SUFFIX_NGRAM, params.lookup_ngram), most_tokens=JOB_CACHE_TOKENS)
 
 
 class Proposer:

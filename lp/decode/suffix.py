@@ -23,7 +23,9 @@ The drafts follow the idea of SuffixDecoding (Oliaro et al., arXiv 2411.04975) o
 plain m-gram index instead of a suffix tree: appending a token costs
 O(max_ngram) dictionary updates, a draft looks at no more than `scan`
 occurrences (the most recent), so a round's cost stays bounded however long
-the job grows.
+the job grows. Its memory is bounded by `most_tokens`: adding a sequence past
+it forgets the oldest whole sequences first (a job's earliest completions),
+never the newest.
 """
 from __future__ import annotations
 
@@ -52,12 +54,15 @@ NO_DRAFT = Draft([], [], [], 0)
 class SuffixIndex:
     """End positions of every m-gram, m = 1..max_ngram, of a set of growing sequences."""
 
-    def __init__(self, max_ngram: int = 8, scan: int = 64):
+    def __init__(self, max_ngram: int = 8, scan: int = 64, most_tokens: int | None = None):
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
         self.max_ngram = max_ngram
         self.scan = scan                         # most recent occurrences looked at per draft
-        self.seqs: list[list[int]] = []
+        self.most_tokens = most_tokens           # None: no bound
+        self.seqs: list[list[int]] = []          # a forgotten sequence is [] (ids stay those given out)
+        self.tokens = 0                          # in the sequences kept
+        self.first = 0                           # the oldest sequence kept
         # m-gram -> its occurrences' (seq << END_BITS | end), oldest first, 8 bytes each in a bytearray,
         # which the garbage collector does not track: a list per m-gram made millions of tracked objects
         # over a job's completions, and every full collection walked them (372 ms at 575k tokens, a
@@ -65,19 +70,27 @@ class SuffixIndex:
         self._ends: dict[tuple[int, ...], bytearray] = {}
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self.seqs)
+        return self.tokens
 
     def add(self, tokens: Iterable[int] = ()) -> int:
-        """Start a new sequence; returns its id."""
+        """Start a new sequence; returns its id. Past `most_tokens`, the oldest sequences are forgotten
+        first (never the new one)."""
         self.seqs.append([])
-        self.extend(len(self.seqs) - 1, tokens)
-        return len(self.seqs) - 1
+        seq_id = len(self.seqs) - 1
+        self.extend(seq_id, tokens)
+        while self.most_tokens is not None and self.tokens > self.most_tokens and self.first < seq_id:
+            self._forget(self.first)
+            self.first += 1
+        return seq_id
 
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
         """Append tokens to sequence `seq_id`; O(max_ngram) per token."""
         seq, ends = self.seqs[seq_id], self._ends
+        if seq_id < self.first:
+            raise ValueError(f"sequence {seq_id} was forgotten")
         for t in tokens:
             seq.append(int(t))
+            self.tokens += 1
             end = len(seq)
             entry = (seq_id << END_BITS | end).to_bytes(8, sys.byteorder)
             for m in range(1, min(self.max_ngram, end) + 1):
@@ -87,6 +100,25 @@ class SuffixIndex:
                     ends[key] = bytearray(entry)
                 else:
                     bucket += entry
+
+    def _forget(self, seq_id: int) -> None:
+        """Drop sequence `seq_id`'s occurrences, O(max_ngram) per token. They lead each bucket where the
+        sequences were added whole (a job's completions): occurrences are kept oldest first."""
+        seq, ends = self.seqs[seq_id], self._ends
+        for end in range(1, len(seq) + 1):
+            entry = (seq_id << END_BITS | end).to_bytes(8, sys.byteorder)
+            for m in range(1, min(self.max_ngram, end) + 1):
+                key = tuple(seq[end - m:end])
+                bucket = ends[key]
+                if bucket[:8] == entry:
+                    del bucket[:8]              # a bytearray drops its head in place
+                else:                           # grown alongside a newer sequence
+                    at = memoryview(bucket).cast("q").tolist().index(int.from_bytes(entry, sys.byteorder))
+                    del bucket[8 * at:8 * at + 8]
+                if not bucket:
+                    del ends[key]
+        self.tokens -= len(seq)
+        self.seqs[seq_id] = []
 
     def _occurrences(self, gram: Sequence[int], last: int) -> list[tuple[int, int]]:
         """The (seq, end) of the last `last` occurrences of `gram`, most recent first."""
