@@ -2,10 +2,10 @@
 
 The test grids each vary one thing at a time (a family, a lookahead setting, a processor, a batch size);
 this draws them all at once: each case is a seeded random draw of a tiny model (family, vocabulary,
-weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens and EOS ids, every
-lookahead key, the batch size and row budget, generate's processors, a row-wise prefix_allowed_tokens_fn
-and stopping criterion, stop strings, and the entry (lp.generate, or the drop-in on a left-padded batch).
-It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
+weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens (up to 48, in a tenth
+of the cases up to 192) and EOS ids, every lookahead key, the batch size and row budget, generate's
+processors, a row-wise prefix_allowed_tokens_fn and stopping criterion, stop strings, and the entry
+(lp.generate, or the drop-in on a left-padded batch). It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
 batch), greedy, or sampled with generate's own processors and warpers and lp's draws in place of
 torch.multinomial's (`lp_draws`: lp's sampling is exact that way, the same draws give the same tokens);
 and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number and of
@@ -103,7 +103,7 @@ def draw_case(case: int) -> dict:
     # padded rows come out NaN there)
     entry = "drop-in" if r.random() < 0.3 and family != "gemma2" else "generate"
     return dict(case=case, family=family, vocab=vocab, seed=r.randrange(1000),
-                prompts=[prompt() for _ in range(r.randint(1, 4))], max_new_tokens=r.randint(1, 48), eos=eos,
+                prompts=[prompt() for _ in range(r.randint(1, 4))], max_new_tokens=longer(case, r.randint(1, 48)), eos=eos,
                 batch_size=r.randint(1, 4), keys=keys, knobs=knobs, entry=entry,
                 # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
                 # row by row
@@ -115,6 +115,14 @@ def draw_case(case: int) -> dict:
                 drop_in_sampling(case),
                 # lp.generate's stop strings on the decoded new text (lp.models.TinyTokenizer: a character a token)
                 stop=stop_strings(r, vocab) if entry == "generate" and r.random() < 0.25 else [])
+
+
+def longer(case: int, tokens: int) -> int:
+    """max_new_tokens: `tokens` (1-48), or in a tenth of the cases 49-192, where stop strings reach the
+    StopChecker's checkpoints (every 64 tokens) and drafts the suffix index's longer matches; drawn
+    apart, so that the other draws of a case stay as they were."""
+    r = random.Random(f"longer {case}")
+    return r.randint(49, 192) if r.random() < 0.1 else tokens
 
 
 def stop_strings(r: random.Random, vocab: int) -> list[str]:
