@@ -337,6 +337,12 @@ def test_a_decoder_that_changes_text_far_behind_is_decoded_whole():
     checker = StopChecker([], 1000, ["XYZ"], tok)
     assert feed(checker, tokens) == 6 + 3 * SETTLE_TOKENS + 2
     assert checker._whole and checker.text == "bbbbb!" + "B" * (3 * SETTLE_TOKENS)
+    counting = CountingTokenizer(tok)     # the check that finds the texts differ decodes the output whole once
+    checker = StopChecker([], 1000, ["XYZ"], counting)
+    feed(checker, tokens[:2 * SETTLE_TOKENS - 1])
+    before = counting.decoded
+    checker.push(tokens[2 * SETTLE_TOKENS - 1])
+    assert checker._whole and counting.decoded - before < 2 * (2 * SETTLE_TOKENS), counting.decoded - before
 
 
 def test_a_checkpoint_after_an_output_of_special_tokens_keeps_the_next_space():

@@ -133,15 +133,16 @@ class StopChecker:
             text = self._decode()
         else:
             tail = self._tail()
-            text = None if tail is None else self._settled + tail
-            if text is not None and len(self.tokens) >= self._check_at:
-                self._check_at *= 2
-                whole = self._decode()
-                if whole != text:
-                    text = None
-            if text is None:
+            if tail is None:                # the seam's own text changed
                 self._whole = True
                 return self._decode()
+            text = self._settled + tail
+            if len(self.tokens) >= self._check_at:
+                self._check_at *= 2
+                whole = self._decode()
+                if whole != text:           # a decoder whose text reaches further back than the seam
+                    self._whole = True
+                    return whole
         if not text.endswith("\ufffd"):         # not inside a character split over tokens
             self._mark, self._settled = len(self.tokens), text
             # the seam reaches into the prompt where the output so far has no text (special tokens):
