@@ -203,6 +203,7 @@ def decode_batch(
             prompt_tokens = prompt_tokens or len(ids)
             rounds.cache = round_cache(model, cache_need(prompt_tokens, lookahead, generation.max_new_tokens,
                                                          rounds.fit), batch_size)
+            rounds.cache.busy = True     # a decode started from a callback of this one gets a cache of its own
         need = cache_need(len(ids), lookahead, generation.max_new_tokens, rounds.fit)
         if need > rounds.cache.length:
             return ValueError(f"prompt has {len(ids)} tokens: with max_new_tokens={generation.max_new_tokens} it "
@@ -237,24 +238,28 @@ def decode_batch(
                 state.row = row
 
     more = True
-    with heap_frozen():
-        while True:
-            while more and len(active) < batch_size:
-                item = next(pending, None)
-                if item is None:
-                    more = False
-                    break
-                state = start(*item)
-                if isinstance(state, ValueError):
-                    yield item[0], state
-                    continue
-                active.append(state)
-                rounds.run([state], stats)          # its prefill, alone: no other request pads to its length
+    try:
+        with heap_frozen():
+            while True:
+                while more and len(active) < batch_size:
+                    item = next(pending, None)
+                    if item is None:
+                        more = False
+                        break
+                    state = start(*item)
+                    if isinstance(state, ValueError):
+                        yield item[0], state
+                        continue
+                    active.append(state)
+                    rounds.run([state], stats)          # its prefill, alone: no other request pads to its length
+                    yield from ended()
+                if not active:
+                    return
+                rounds.run(active, stats)
                 yield from ended()
-            if not active:
-                return
-            rounds.run(active, stats)
-            yield from ended()
+    finally:
+        if rounds.cache is not None:
+            rounds.cache.busy = False
 
 
 @contextmanager

@@ -368,3 +368,63 @@ def test_a_huge_cache_is_refused_before_anything_of_its_size_is_allocated():
     model = tiny_random_llama(vocab=64, seed=0).model
     with pytest.raises(MemoryError, match=r"the K/V cache of 1 request row\(s\) x 1099511627776 slots needs"):
         RoundCache(model, 2 ** 40)
+
+
+def test_a_dropped_model_frees_its_caches_without_a_collection():
+    """A kept cache's layers pointed back at it: after any lp call, deleting the model left the K/V
+    buffers to the next collection (for good with the collector off, as some servers run), so on a
+    GPU `del model; torch.cuda.empty_cache()` gave nothing back."""
+    import gc
+    import weakref
+    import lp
+    tiny_random("llama", dtype=torch.float32)      # transformers' first model leaves a cycle of its own
+    gc.collect()
+    gc.disable()
+    try:
+        for batch_size in (1, 2):
+            model = tiny_random("llama", dtype=torch.float32)
+            lp.generate(model, [BASE[:6], BASE[:4]], max_new_tokens=6, batch_size=batch_size, row_budget=False)
+            buffers = [weakref.ref(b) for c in model.__dict__["_lp_round_caches"].values() for b in c.buffers]
+            del model
+            assert buffers and all(ref() is None for ref in buffers), batch_size
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("move", ["float32", "bfloat16"])
+def test_a_model_moved_to_another_dtype_decodes_again(move):
+    """The kept caches were keyed by (batch, length) only: after `model.float()` (or `.half()`, `.cuda()`)
+    the next lp call wrote the new dtype's K/V into the old dtype's buffers and raised."""
+    import copy
+    import lp
+    model = tiny_random("llama", dtype=torch.float64)
+    moved = copy.deepcopy(model).to(getattr(torch, move))       # never decoded by lp
+    want = [r.token_ids for r in lp.generate(moved, [BASE[:6], BASE[:4]], max_new_tokens=8)]
+    lp.generate(model, [BASE[:6], BASE[:4]], max_new_tokens=8)
+    model.to(getattr(torch, move))
+    assert [r.token_ids for r in lp.generate(model, [BASE[:6], BASE[:4]], max_new_tokens=8)] == want
+    assert {c.dtype for c in model.__dict__["_lp_round_caches"].values()} == {getattr(torch, move)}
+
+
+@pytest.mark.parametrize("outer, inner", [(1, 1), (1, 2), (2, 1)])
+def test_a_decode_started_from_a_callback_of_another_leaves_it_exact(outer, inner):
+    """A stopping criterion that asks the same model a question with lp: both decodes took the model's one
+    kept cache, so the inner one overwrote the outer one's K/V (wrong greedy ids, no error), and a batched
+    one dropped it. A cache in use is never handed out or dropped now."""
+    import lp
+    from transformers import StoppingCriteria
+    model = tiny_random("llama", dtype=torch.float64)
+    prompts = [BASE[:6], BASE[3:12]]
+    want = [r.token_ids for r in lp.generate(model, prompts, max_new_tokens=20, batch_size=outer, row_budget=False)]
+    asked = []
+
+    class Judge(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            asked.append(lp.generate(model, [[1, 40, 41, 42, 43], [7, 8]], max_new_tokens=4, batch_size=inner,
+                                     row_budget=False))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    got = lp.generate(model, prompts, max_new_tokens=20, batch_size=outer, row_budget=False,
+                      stopping_criteria=[Judge()])
+    assert [r.token_ids for r in got] == want and asked
+    assert not any(c.busy for c in model.__dict__["_lp_round_caches"].values())

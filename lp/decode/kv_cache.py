@@ -42,13 +42,25 @@ SLOT_QUANTUM = 256      # the smallest cache; lengths are powers of two: few dis
 COMPILE_MODES = ("off", "default", "reduce-overhead")
 
 
+class _Frame:
+    """A RoundCache's fixed sizes and what its next forward writes and reads (`rows`, `slots`, `span`),
+    shared by the cache and its layers. Not the cache itself: layers pointing back at it made a cycle,
+    so a dropped cache (a deleted model's) kept its buffers until a collection came."""
+
+    def __init__(self, length: int, batch: int, batch_index: torch.Tensor):
+        self.length, self.batch, self.batch_index = length, batch, batch_index
+        self.span = length                 # slots the next forward attends over (its mask's width)
+        self.rows: slice | None = None
+        self.slots: torch.Tensor | None = None
+
+
 class _RoundLayer(CacheLayerMixin):
     is_compileable = True
 
-    def __init__(self, owner: "RoundCache", keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, frame: _Frame, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
-        self.owner = owner
-        self.keys, self.values = keys, values            # views of the owner's stacked buffers
+        self.frame = frame
+        self.keys, self.values = keys, values            # views of the cache's stacked buffers
         torch._dynamo.mark_static_address(self.keys)     # fixed addresses: CUDA graphs replay against them
         torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True                       # allocated up front: no branch inside a graph
@@ -57,26 +69,26 @@ class _RoundLayer(CacheLayerMixin):
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        rows, slots = self.owner.rows, self.owner.slots
+        rows, slots = self.frame.rows, self.frame.slots
         keys, values = (self.keys, self.values) if rows is None else (self.keys[rows], self.values[rows])
         if slots.dim() == 1:            # one request (or every row at the same slots)
             keys.index_copy_(2, slots, key_states)
             values.index_copy_(2, slots, value_states)
         else:                           # [B, Q]: each request's rows at its own slots
-            batch = self.owner.batch_index[:slots.shape[0]]
+            batch = self.frame.batch_index[:slots.shape[0]]
             keys[batch, :, slots] = key_states.transpose(1, 2)
             values[batch, :, slots] = value_states.transpose(1, 2)
-        span = self.owner.span
+        span = self.frame.span
         return keys[:, :, :span], values[:, :, :span]      # views: attention reads the slots in use only
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.span, 0
+        return self.frame.span, 0
 
     def get_seq_length(self) -> int:
         return 0     # the engine tracks the committed length; transformers only asks without position_ids
 
     def get_max_length(self) -> int:
-        return self.owner.length
+        return self.frame.length
 
 
 class LayerShape(NamedTuple):
@@ -121,9 +133,8 @@ class RoundCache(Cache):
     def __init__(self, model, length: int, batch: int = 1):
         param = next(model.parameters())
         self.length, self.batch = length, batch
-        self.span = length                 # slots the next forward attends over (its mask's width)
-        self.rows: slice | None = None
-        self.slots: torch.Tensor | None = None
+        self.dtype, self.device = param.dtype, param.device
+        self.busy = False                  # a decode is using it (lp.engine.decode_batch)
         shapes = layer_shapes(model)
         kinds = [(s.key_heads, s.key_dim) for s in shapes] + [(s.value_heads, s.value_dim) for s in shapes]
         groups = list(dict.fromkeys(kinds))
@@ -134,6 +145,7 @@ class RoundCache(Cache):
                               f"{param.device} has {_size(free)} free: lower max_new_tokens (a row holds the "
                               f"prompt, max_new_tokens and one round, to a power of two) or batch_size")
         self.batch_index = torch.arange(batch, device=param.device)[:, None]
+        self.frame = _Frame(length, batch, self.batch_index)
         self.numbers = torch.arange(length + 1, device=param.device)    # slot numbers for the round's mask
         self.buffers = [torch.zeros(kinds.count(g), batch, g[0], length, g[1], dtype=param.dtype, device=param.device)
                         for g in groups]
@@ -146,10 +158,15 @@ class RoundCache(Cache):
             taken[g] += 1
             return self.buffers[g][taken[g] - 1]
         keys = [view(k) for k in kinds[:len(shapes)]]
-        super().__init__(layers=[_RoundLayer(self, k, view(v)) for k, v in zip(keys, kinds[len(shapes):])])
+        super().__init__(layers=[_RoundLayer(self.frame, k, view(v)) for k, v in zip(keys, kinds[len(shapes):])])
+
+    # what the next forward writes and reads, kept in the frame its layers share
+    rows = property(lambda self: self.frame.rows, lambda self, rows: setattr(self.frame, "rows", rows))
+    slots = property(lambda self: self.frame.slots, lambda self, slots: setattr(self.frame, "slots", slots))
+    span = property(lambda self: self.frame.span, lambda self, span: setattr(self.frame, "span", span))
 
     def release(self) -> None:
-        """Let go of the buffers and of the layers (which point back at the cache: a cycle)."""
+        """Let go of the buffers and of the layers at once (whoever still holds the cache)."""
         self.layers, self.buffers = [], []
 
 
@@ -203,18 +220,25 @@ def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     (a job's requests need a few lengths, and a dropped one would be made, and its compiled rounds
     captured, again), unless the new one does not fit in the free memory beside them: then they are
     dropped, the longest first, until it fits (a library caller's long request does not make a
-    later one fail)."""
+    later one fail). Caches made before the model moved to another dtype or device are dropped. A
+    cache a decode is using (`busy`: a decode called again from its own callbacks, or one run beside
+    another on the same model) is never handed out or dropped: the new decode gets a cache of its
+    own, not kept."""
     key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
+    param = next(model.parameters())
+    for other in [k for k, c in caches.items() if (c.dtype, c.device) != (param.dtype, param.device) and not c.busy]:
+        caches.pop(other).release()
+    if key in caches and caches[key].busy:
+        return RoundCache(model, key[1], batch)
     if key not in caches:
-        device, size = next(model.parameters()).device, cache_bytes(model, key[1], batch)
+        size = cache_bytes(model, key[1], batch)
         batched = batch > 1 or any(b > 1 for b, _ in caches)
-        for other in sorted(caches, key=lambda k: k[1], reverse=True):
-            free = None if batched else free_bytes(device)
+        for other in sorted((k for k, c in caches.items() if not c.busy), key=lambda k: k[1], reverse=True):
+            free = None if batched else free_bytes(param.device)
             if not batched and (free is None or size <= free):
                 break
-            caches.pop(other).release()       # freed now, not by a collection (decode_batch's frozen heap
-                                              # would keep its layer <-> cache cycle until it thaws)
+            caches.pop(other).release()       # freed now, whoever still holds it
         caches[key] = RoundCache(model, key[1], batch)
     return caches[key]
 
