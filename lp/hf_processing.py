@@ -33,7 +33,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from lp.decode.processors import RowProcessor
+from lp.decode.processors import RowProcessor, as_generate_calls, plain
 from lp.decode.stopping import StopTest
 from lp.messages import short_repr
 
@@ -210,8 +210,9 @@ def stop_test(criteria: Sequence, device: torch.device, rows: int = 1) -> StopTe
         return bool(said.any())
 
     def stop(key, ids: list[int]) -> bool:
-        row = torch.tensor([ids], dtype=torch.long, device=device)
-        return any(answer(c, row) for c in criteria)
+        with as_generate_calls():
+            row = torch.tensor([ids], dtype=torch.long, device=device)
+            return any(answer(c, row) for c in criteria)
     return stop
 
 
@@ -238,13 +239,15 @@ def row_processor_of(processors: Sequence) -> RowProcessor | None:
                if isinstance(p, PrefixConstrainedLogitsProcessor)}
 
     def process(key, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for i, p in enumerate(processors):
-            if i in allowed:      # transformers' own processor; each row of the call is request `key`'s
-                p = PrefixConstrainedLogitsProcessor(lambda _, ids, fn=allowed[i]: fn(key, ids), 1)
-            elif isinstance(p, PerRequest):
-                p = p.of(key)
-            scores = p(input_ids, scores)
-        return scores
+        with as_generate_calls():
+            input_ids, scores = plain(input_ids), plain(scores)
+            for i, p in enumerate(processors):
+                if i in allowed:      # transformers' own processor; each row of the call is request `key`'s
+                    p = PrefixConstrainedLogitsProcessor(lambda _, ids, fn=allowed[i]: fn(key, ids), 1)
+                elif isinstance(p, PerRequest):
+                    p = p.of(key)
+                scores = p(input_ids, scores)
+            return scores
     return process
 
 

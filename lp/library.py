@@ -56,7 +56,7 @@ from transformers.generation.logits_process import PrefixConstrainedLogitsProces
 from lp.decode.arch import rope_switches_once, rope_threshold
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
-from lp.decode.processors import RowProcessor, SeenPrompt
+from lp.decode.processors import RowProcessor, SeenPrompt, as_generate_calls
 from lp.decode.propose import job_cache as completions_index    # `job_cache` is a keyword here
 from lp.decode.stopping import StopTest
 from lp.engine import GenerationResult, Prompt, decode_batch, lookahead_generate
@@ -172,11 +172,10 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
                              f"{input_ids.shape[1] + new}); ForcedEOSTokenLogitsProcessor forces it at max_length "
                              f"{length}")
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-    seed = draw_seed() if processing.get("temperature", 0) > 0 else 0
     sizes, problems = check_types("lookahead", GenerationParams, {"batch_size": batch_size})
     if problems:
         raise ValueError("\n".join(problems))
-    generation = GenerationParams(new, **processing, seed=seed, **sizes)
+    generation = GenerationParams(new, **processing, **sizes)
     check(generation)
     if mask is not None:
         _check_left_padding(mask, pad)
@@ -189,6 +188,8 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     _check_no_shared_rope(model.config, [len(p) for p in prompts], new)
+    if generation.temperature > 0:      # drawn once every check passed: a refused call leaves the generator alone
+        generation = dataclasses.replace(generation, seed=draw_seed())
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, ends, None, streamer,
                                          generation.batch_size, seen, row_processor_of(custom), stop_when)]
     longest = max(len(r) for r in rows)
@@ -249,8 +250,9 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
     if max_new_tokens is None:
         raise ValueError("generate.max_new_tokens: None; lp.generate needs the number of new tokens (it takes no "
                          "max_length)")
-    if seed is None:    # unseeded: a seed from torch's global generator, as the drop-in draws (torch.manual_seed)
-        seed = draw_seed() if do_sample else 0
+    # unseeded: a seed from torch's global generator, as the drop-in draws (torch.manual_seed), once every
+    # check passed (a refused call leaves the generator as it was, as generate's do)
+    drawn, seed = (do_sample, 0) if seed is None else (False, seed)
     given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_h=top_h, top_k=top_k, top_p=top_p,
                  min_p=min_p, typical_p=typical_p, epsilon_cutoff=epsilon_cutoff, eta_cutoff=eta_cutoff, seed=seed,
                  repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
@@ -289,8 +291,11 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
             custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
     stop_when = stop_test(_listed(stopping_criteria, "stopping_criteria"), device)
+    if drawn:
+        generation = dataclasses.replace(generation, seed=draw_seed())
     if streamer is not None:
-        streamer.put(torch.tensor(batch))
+        with as_generate_calls():
+            streamer.put(torch.tensor(batch))
     results = _decode(model, batch, params, generation, eos, tokenizer, streamer, generation.batch_size,
                       row_processor=row_processor_of(custom), stop_when=stop_when)
     return results          # with a tokenizer each has its text (its StopChecker's)
@@ -334,8 +339,9 @@ _COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {
 
 def _row_costs(model, params: LookaheadParams, batch_size: int, prompts: list[list[int]]) -> dict:
     """The row budget's costs for `model` (lp.measure.cost_model.row_costs), measured at its first
-    batched call with these sizes and kept with the model for the next ones."""
-    key = (batch_size, dataclasses.astuple(params))
+    batched call with these sizes (and its dtype and device) and kept with the model for the next ones."""
+    param = next(model.parameters())
+    key = (batch_size, dataclasses.astuple(params), param.dtype, param.device)
     kept = _COSTS.setdefault(model, {})
     if key not in kept:
         t0 = time.perf_counter()

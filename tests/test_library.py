@@ -815,3 +815,75 @@ def test_generate_seed_none_draws_from_torchs_generator(model):
     state = torch.get_rng_state()          # greedy draws nothing, so it leaves torch's generator as it was
     lp.generate(model, PROMPTS[0], max_new_tokens=4, seed=None)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_refused_sampled_call_leaves_torchs_generator_alone(model):
+    """An unseeded sampled call drew its seed before its checks, so a refused one (as generate refuses it,
+    drawing nothing) still moved torch's global generator and every later seeded draw of the process."""
+    refused = [
+        lambda: lp.generate(model, PROMPTS, max_new_tokens=4, do_sample=True, seed=None, temperature=0.0),
+        lambda: lp.generate(model, PROMPTS, max_new_tokens=4, do_sample=True, seed=None, stop_strings=["x"]),
+        lambda: model.generate(torch.tensor([[0, 5, 9], [7, 8, 0]]), attention_mask=torch.tensor([[0, 1, 1], [1, 1, 0]]),
+                               max_new_tokens=4, do_sample=True, custom_generate=lp.lookahead),
+    ]
+    for call in refused:
+        state = torch.get_rng_state()
+        with pytest.raises(ValueError):
+            call()
+        assert torch.equal(torch.get_rng_state(), state)
+    state = torch.get_rng_state()      # the control: a call that decodes draws its seed
+    lp.generate(model, PROMPTS[0], max_new_tokens=4, do_sample=True, seed=None)
+    assert not torch.equal(torch.get_rng_state(), state)
+
+
+def test_callbacks_run_under_no_grad_as_generates_do(model):
+    """lp decoded under torch.inference_mode: a tensor a user's processor, criterion or streamer kept was an
+    inference tensor, and using that object with generate (or autograd) afterwards failed."""
+    class Keeps(LogitsProcessor, StoppingCriteria):
+        def __init__(self):
+            self.modes, self.kept = set(), torch.zeros(1)
+
+        def seen(self, *given):
+            self.modes.add((torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
+                            any(t.is_inference() for t in given)))
+            self.kept = self.kept + 1          # a tensor made here and kept
+
+        def __call__(self, input_ids, scores):          # as a processor and as a criterion
+            self.seen(input_ids, *([] if scores is None else [scores]))
+            return scores if scores is not None else torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+        def put(self, ids):                             # as a streamer
+            self.seen(ids)
+
+        def end(self):
+            pass
+
+    seen = {}
+    ids = torch.tensor([PROMPTS[0]])
+    for name, call in (("generate", lambda k: model.generate(ids, max_new_tokens=4, do_sample=False, streamer=k,
+                                                             logits_processor=[k], stopping_criteria=[k])),
+                       ("drop-in", lambda k: model.generate(ids, max_new_tokens=4, do_sample=False, streamer=k,
+                                                            logits_processor=[k], stopping_criteria=[k],
+                                                            custom_generate=lp.lookahead)),
+                       ("lp.generate", lambda k: lp.generate(model, PROMPTS[0], max_new_tokens=4, streamer=k,
+                                                             logits_processor=[k], stopping_criteria=[k]))):
+        keeps = Keeps()
+        call(keeps)
+        seen[name] = (keeps.modes, keeps.kept.is_inference(), float(keeps.kept))
+        keeps.kept.add_(1)                     # an inference tensor refuses this outside inference mode
+    assert seen["generate"][:2] == ({(False, False, False)}, False) and seen["generate"][2] > 4
+    assert seen["drop-in"][:2] == seen["lp.generate"][:2] == seen["generate"][:2]
+
+
+def test_the_row_budgets_grid_is_measured_again_after_a_dtype_move(monkeypatch):
+    """The forward-time grid kept for a model's batched calls was reused after the model moved to another
+    dtype (or device), where its forwards cost something else."""
+    measured = []
+    real = lp.library.row_costs
+    monkeypatch.setattr(lp.library, "row_costs", lambda model, *a: measured.append(next(model.parameters()).dtype)
+                        or real(model, *a))
+    model = tiny_random("llama", dtype=torch.float64)
+    for dtype in (torch.float64, torch.float64, torch.float32, torch.float32):
+        model.to(dtype)
+        lp.generate(model, PROMPTS, max_new_tokens=4, batch_size=2)
+    assert measured == [torch.float64, torch.float32]

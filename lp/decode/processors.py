@@ -53,6 +53,7 @@ are exact too when each treats its rows on their own, as generate's processors d
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -66,6 +67,21 @@ if TYPE_CHECKING:
 FRESH_PAD = 1 << 62      # a `fresh` section's padding: clamped to the spare column V on the device
 # a caller's processor of verified rows: (request key, input_ids [m, L], scores [m, V]) -> scores [m, V]
 RowProcessor = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@contextmanager
+def as_generate_calls():
+    """The mode a caller's own code (processors, stopping criteria, streamers) runs in: no_grad outside
+    the inference mode lp decodes in, as generate calls it. A tensor it makes and keeps is then an
+    ordinary one (an inference tensor refuses in-place updates once the decode is over); what it is
+    handed must be made inside (`plain`)."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """`t` as an ordinary tensor (a copy of an inference tensor), under as_generate_calls."""
+    return t.clone() if t.is_inference() else t
 
 
 class SeenPrompt(NamedTuple):

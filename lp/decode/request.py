@@ -19,7 +19,7 @@ import torch
 
 from lp.decode.layout import Round, build_round
 from lp.decode.params import GenerationParams, LookaheadParams
-from lp.decode.processors import RowBans, SeenPrompt
+from lp.decode.processors import RowBans, SeenPrompt, as_generate_calls
 from lp.decode.propose import Proposer
 from lp.decode.sampling import Draws
 from lp.decode.stopping import StopChecker, StopTest
@@ -206,7 +206,8 @@ class RequestState:
         if self.bans is not None:
             self.bans.extend(emitted)
         if self.streamer is not None and emitted:
-            self.streamer.put(torch.tensor(emitted))
+            with as_generate_calls():
+                self.streamer.put(torch.tensor(emitted))
         if self.proposer is not None:
             self.proposer.commit(emitted, ngrams)
         frontier = self.cached + len(self.ordinary)
@@ -232,6 +233,7 @@ class RequestState:
         r = self.result
         r.decode_seconds = time.perf_counter() - self.started
         if self.streamer is not None:
-            self.streamer.end()
+            with as_generate_calls():
+                self.streamer.end()
         r.token_ids, r.text, r.finish_reason = self.stopper.tokens, self.stopper.text, self.stopper.reason
         return r
