@@ -94,7 +94,10 @@ def locate_model(name: str) -> tuple[str, str | Path]:
     """Where model `name` loads from, found without loading anything: ("tiny", name) for the built-in tiny
     Llama, ("tiny-family", name) for a tiny-random-<family>, ("gguf", its file) for the embedded model or
     a .gguf path, ("dir", a local directory) or ("hub", a Hugging Face id in the local cache). Raises the
-    ModelLoadError load_model would for a name it cannot find (`lp.run --check` asks this)."""
+    ModelLoadError load_model would for a name it cannot find (`lp.run --check` asks this). An existing
+    directory wins over a built-in name (a checkpoint saved as ./tiny-random-gpt2 is that checkpoint)."""
+    if Path(name).expanduser().is_dir() and not name.endswith(".gguf"):
+        return "dir", str(Path(name).expanduser())
     if name == TINY or name.startswith(TINY + "?"):
         _tiny_spec(name)
         return "tiny", name
@@ -106,12 +109,12 @@ def locate_model(name: str) -> tuple[str, str | Path]:
     if name.endswith(".gguf"):
         gguf = Path(name).expanduser()
         if not gguf.is_file():
-            raise ModelLoadError(f"GGUF file not found: {name}")
+            raise ModelLoadError(f"{name} is a directory, not a GGUF file" if gguf.exists() else
+                                 f"GGUF file not found: {name}")
         return "gguf", gguf
-    if Path(name).expanduser().is_dir():
-        return "dir", str(Path(name).expanduser())
     if name.startswith(("/", ".", "~")):
-        raise ModelLoadError(f"model directory not found: {name}")
+        what = "is a file, not a model directory" if Path(name).expanduser().exists() else "not found"
+        raise ModelLoadError(f"model directory {what}: {name}")
     if not _in_hub_cache(name):
         raise _not_loadable(name, "it is not in the cache")
     return "hub", name
@@ -334,10 +337,27 @@ def _pretrained(source: str, dtype: torch.dtype, device: torch.device, attn: str
         attn = attention_implementation(config, attn)
     except ValueError as e:
         raise ModelLoadError(str(e)) from e
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device, attn_implementation=attn,
-                                                 experts_implementation=_experts(dtype), **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception as e:
+        if Path(source).is_dir() and not any(Path(source, f).exists() for f in TOKENIZER_FILES):
+            raise ModelLoadError(f"{source} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): save the model's "
+                                 f"tokenizer beside it (tokenizer.save_pretrained)") from e
+        raise
+    model, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device, attn_implementation=attn,
+                                                       experts_implementation=_experts(dtype), output_loading_info=True,
+                                                       **kwargs)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:     # transformers draws them at random: every run would decode another model
+        raise ModelLoadError(f"{source} holds no weights for {len(missing)} of the model's parameters "
+                             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a causal LM checkpoint "
+                             f"(a base model or another task's head lacks them) is needed")
     return model, tokenizer
+
+
+# what a saved tokenizer leaves in its directory (one of them at least)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
 
 
 def _experts(dtype: torch.dtype) -> str | None:

@@ -307,3 +307,56 @@ def test_smollm2_concurrent_first_loads_share_one_copy(tmp_path):
         assert p.returncode == 0, err
         assert out.split()[-1] == "[2]"
     assert len(list(tmp_path.iterdir())) == 1  # one converted copy; the loser's temp dir is gone
+
+
+def word_tokenizer(words: int) -> PreTrainedTokenizerFast:
+    """A whitespace tokenizer of `words` words w0, w1, ... (ids 0 to words - 1)."""
+    vocab = {f"w{i}": i for i in range(words)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
+
+
+def test_a_directory_without_tokenizer_files_is_named_so(tmp_path):
+    """transformers' own failure told the user to install sentencepiece or tiktoken."""
+    tiny_random_llama(vocab=32).model.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="holds no tokenizer .*tokenizer.save_pretrained") as e:
+        load_model(str(tmp_path), device="cpu")
+    assert "sentencepiece" not in str(e.value)
+
+
+def test_a_directory_wins_over_a_built_in_name(tmp_path, monkeypatch):
+    """A checkpoint saved as ./tiny-random-gpt2 (as `hf download ... --local-dir tiny-random-gpt2` leaves it)
+    decoded lp's own tiny GPT-2 instead, and ./tiny-random-mine was refused as an unknown family."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tiny-random-llama", "tiny-random-gpt2", "tiny-random-mine"):
+        tiny_random_llama(vocab=40, eos=5).model.save_pretrained(tmp_path / name)
+        word_tokenizer(40).save_pretrained(tmp_path / name)
+        assert locate_model(name) == ("dir", name)
+        loaded = load_model(name, device="cpu")
+        assert loaded.model.config.vocab_size == 40 and loaded.tokenizer.encode("w3 w7") == [3, 7]
+    assert locate_model("tiny-random-qwen2")[0] == "tiny-family"       # no such directory: the built-in
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ModelLoadError, match="is a file, not a model directory"):
+        locate_model("./afile")
+    (tmp_path / "d.gguf").mkdir()
+    with pytest.raises(ModelLoadError, match="is a directory, not a GGUF file"):
+        locate_model("./d.gguf")
+
+
+def test_a_checkpoint_without_the_lm_head_is_refused(tmp_path):
+    """A saved base model (no lm_head) loaded with a random head drawn anew by transformers: a job ran, and
+    each run (a resume too) decoded another model."""
+    from transformers import LlamaModel
+    base = tiny_random_llama(vocab=32).model
+    base.config.tie_word_embeddings = False
+    LlamaModel(base.config).save_pretrained(tmp_path)
+    word_tokenizer(32).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"holds no weights for 1 of the model's parameters \(lm_head.weight\)"):
+        load_model(str(tmp_path), device="cpu")
+    tied = tmp_path / "tied"                   # a tied head is the embedding: nothing missing
+    tiny = tiny_random_llama(vocab=32).model
+    tiny.config.tie_word_embeddings = True
+    type(tiny)(tiny.config).save_pretrained(tied)
+    word_tokenizer(32).save_pretrained(tied)
+    assert load_model(str(tied), device="cpu").model.config.vocab_size == 32
