@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from lp.decode.arch import check_model, draft_ceiling, input_vocab, logits_size, reencode_position, rope_threshold
+from lp.decode.arch import (check_model, draft_ceiling, input_vocab, logits_size, outside_vocabulary,
+                            reencode_position, rope_threshold)
 from lp.decode.batch import Packed, forward_round, pack_round
 from lp.decode.budget import Acceptance, DraftBackoff, ranked_chances, rows_per_request
 from lp.decode.device import Uploader
@@ -196,9 +197,9 @@ def decode_batch(
         ids = [int(t) for t in ids]
         if not ids:
             return ValueError("input_ids is empty: lookahead needs at least one prompt token")
-        outside = next((t for t in ids if not 0 <= t < vocab), None) if vocab is not None else None
+        outside = outside_vocabulary(ids, vocab)
         if outside is not None:
-            return ValueError(f"prompt token id {outside} is outside the model's vocabulary (ids 0 to {vocab - 1})")
+            return ValueError(outside)
         if rounds.cache is None:
             prompt_tokens = prompt_tokens or len(ids)
             rounds.cache = round_cache(model, cache_need(prompt_tokens, lookahead, generation.max_new_tokens,

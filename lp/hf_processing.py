@@ -31,6 +31,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+from transformers.generation.configuration_utils import GenerationConfig
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from lp.decode.processors import RowProcessor, as_generate_calls, plain
@@ -422,3 +423,27 @@ def is_token_id(value) -> bool:
         return value.dim() == 0 and not value.is_floating_point() and not value.is_complex() and \
             value.dtype != torch.bool
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# generate's processors a checkpoint's generation_config may set, as GenerationParams names them
+CHECKPOINT_PROCESSORS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "bad_words_ids",
+                         "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id")
+
+
+def unapplied_defaults(config, generation) -> list[str]:
+    """What the model's generation_config `config` sets that `model.generate` applies by default and
+    `generation` (a job's keys, which are all a job reads besides the EOS ids) does not: its processors
+    set otherwise than off, and sampling (do_sample) where `generation` is greedy; as `key=value`."""
+    plain = GenerationConfig()
+    out = []
+    for key in CHECKPOINT_PROCESSORS:
+        value = getattr(config, key, None)
+        if value is None or value == getattr(plain, key, None) or value in ([], {}, ()):
+            continue
+        mine = getattr(generation, key)
+        scalar = key in ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens")
+        if (value != mine) if scalar else not mine:      # a list the job sets is its own choice
+            out.append(f"{key}={short_repr(value, 40)}")
+    if getattr(config, "do_sample", False) and not generation.temperature > 0:
+        out.append("do_sample=True")
+    return out

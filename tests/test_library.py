@@ -887,3 +887,22 @@ def test_the_row_budgets_grid_is_measured_again_after_a_dtype_move(monkeypatch):
         model.to(dtype)
         lp.generate(model, PROMPTS, max_new_tokens=4, batch_size=2)
     assert measured == [torch.float64, torch.float32]
+
+
+def test_a_composite_models_batched_call_measures_its_grid():
+    """A multimodal checkpoint (Gemma 3's, which AutoModelForCausalLM loads whole) decoded text at batch 1,
+    but a batched call (a job's default batch of 5 too) died measuring the row budget's grid: its config has
+    no vocab_size of its own (the text config has)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    config = Gemma3Config(text_config=dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+                                           initializer_range=0.15, max_position_embeddings=512),
+                          vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14),
+                          mm_tokens_per_image=4, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).double().eval()
+    assert not hasattr(model.config, "vocab_size")
+    prompts = [[5, 9, 12, 5, 9, 30, 41], [7, 8, 9, 7, 8]]
+    got = [r.token_ids for r in lp.generate(model, prompts, max_new_tokens=24, batch_size=2)]
+    assert got == [plain(model, torch.tensor([p]), max_new_tokens=24)[0, len(p):].tolist() for p in prompts]

@@ -735,3 +735,61 @@ def test_every_rank_names_itself_in_a_job_failure_line(capsys):
         with pytest.raises(SystemExit) as exit_:
             lp.run._exit_for(error, comm)
         assert exit_.value.code == status and capsys.readouterr().err == f"error: rank 0: {error}\n"
+
+
+@pytest.mark.parametrize("method, batch_size", [("lookahead", 1), ("lookahead", 2), ("autoregressive", 1)])
+def test_a_tokenizer_with_more_ids_than_the_model_gives_that_prompt_an_error_record(tmp_path, method, batch_size):
+    """A checkpoint whose tokenizer holds more ids than its embedding: at batch 1 the engine's refusal of
+    the prompt was a traceback that ended the job (the autoregressive method: torch's IndexError), at
+    batch 2 an error record. Every method and batch size gives the prompt its error record now."""
+    from test_models import word_tokenizer
+    model = tmp_path / "model"
+    loaded = lp.models.tiny_random_llama(vocab=32, eos=5)
+    loaded.model.save_pretrained(model)
+    word_tokenizer(40).save_pretrained(model)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"task_id": t, "prompt": p}) + "\n"
+                               for t, p in (("in", "w3 w4 w3 w4"), ("out", "w3 w35 w4"))))
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(model), "dtype": "float64", "device": "cpu"},
+        "generation": {"max_new_tokens": 8, "batch_size": batch_size, "method": method},
+        "data": {"source": "jsonl", "path": str(prompts)},
+        "output": {"dir": str(tmp_path / "out")},
+    }))
+    result = CliRunner().invoke(main, ["--config", str(config)])
+    assert result.exit_code == 0 and result.exception is None, result.output
+    records = {r["task_id"]: r for r in read_results(tmp_path / "out")}
+    assert records["out"]["finish_reason"] == "error" and "prompt token id 35 is outside the model's vocabulary " \
+        "(ids 0 to 31): the tokenizer holds more ids than the model" in records["out"]["error"]
+    want = loaded.model.double().generate(torch.tensor([[3, 4, 3, 4]]), max_new_tokens=8, do_sample=False,
+                                          eos_token_id=5, pad_token_id=0)[0, 4:].tolist()
+    assert records["in"]["token_ids"] == want
+
+
+def test_a_checkpoints_generation_defaults_the_job_does_not_apply_are_named(tmp_path):
+    """A checkpoint's generation_config.json with repetition_penalty (Qwen2.5-Instruct ships 1.05) or
+    do_sample: model.generate applies them by default, a job reads its own keys only, and said nothing, so
+    its output silently differed from `generate`'s. It warns now, naming each one the job does not apply."""
+    model = tmp_path / "model"
+    loaded = lp.models.tiny_random_llama(vocab=32, eos=5)
+    loaded.model.generation_config.update(repetition_penalty=1.3, do_sample=True, temperature=0.7, top_k=20,
+                                          suppress_tokens=[7])
+    loaded.model.save_pretrained(model)
+    from test_models import word_tokenizer
+    word_tokenizer(32).save_pretrained(model)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"task_id": "a", "prompt": "w3 w4 w3"}) + "\n")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(model), "device": "cpu"}, "generation": {"max_new_tokens": 4, "batch_size": 1},
+        "data": {"source": "jsonl", "path": str(prompts)}, "output": {"dir": str(tmp_path / "out")}}))
+    warned = []
+    for keys in ([], ["--set", "generation.repetition_penalty=1.3", "--set", "generation.suppress_tokens=[7]",
+                      "--set", "generation.temperature=0.7", "--set", f"output.dir={tmp_path / 'out2'}"]):
+        result = CliRunner().invoke(main, ["--config", str(config), *keys])
+        assert result.exit_code == 0, result.output
+        warned.append([line for line in result.output.splitlines() if "generation_config" in line])
+    assert len(warned[0]) == 1 and "sets repetition_penalty=1.3, suppress_tokens=[7], do_sample=True, which " \
+        "model.generate applies by default" in warned[0][0]
+    assert warned[1] == []          # the job's own keys apply them

@@ -27,7 +27,7 @@ and eager (they ignore an explicit 4-D mask).
 from __future__ import annotations
 
 import inspect
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")     # the two that take a round's explicit 4-D float mask
@@ -268,6 +268,14 @@ def input_vocab(model) -> int | None:
     except (AttributeError, NotImplementedError):
         return None
     return getattr(embedding, "num_embeddings", None)
+
+
+def outside_vocabulary(ids: Sequence[int], vocab: int | None) -> str | None:
+    """Why prompt `ids` cannot be fed to a model of `vocab` input ids (input_vocab), or None."""
+    outside = next((t for t in ids if not 0 <= t < vocab), None) if vocab is not None else None
+    if outside is None:
+        return None
+    return f"prompt token id {outside} is outside the model's vocabulary (ids 0 to {vocab - 1})"
 
 
 def attention_implementation(config, requested: str = "auto") -> str:

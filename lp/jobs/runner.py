@@ -42,12 +42,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lp.baseline import autoregressive_generate
-from lp.decode.arch import logits_size, position_limit
+from lp.decode.arch import input_vocab, logits_size, outside_vocabulary, position_limit
 from lp.decode.processors import vocabulary_problem
 from lp.decode.propose import job_cache
 from lp.decode.sampling import NoDistribution
 from lp.decode.suffix import SuffixIndex
 from lp.engine import GenerationResult, decode_batch, lookahead_generate
+from lp.hf_processing import unapplied_defaults
 from lp.jobs.code import chat_completion, chat_message, parses
 from lp.jobs.config import CODE_SOURCES, DataSection, JobConfig
 from lp.jobs.data import DataError, Prompt, load_prompts, prompt_digest, read_classeval, request_id
@@ -126,6 +127,10 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
             raise JobError(problem)
         logger.info("model %s loaded in %.1f s (%s linear kernels)", loaded.name, time.perf_counter() - t0,
                     loaded.linear_kernels)
+        if comm.rank == 0 and (unapplied := unapplied_defaults(loaded.model.generation_config, cfg.generation)):
+            logger.warning("%s's generation_config sets %s, which model.generate applies by default; a job applies "
+                           "its own generation keys only: set them there (generation.<key>) to decode as generate "
+                           "does", loaded.name, ", ".join(unapplied))
         handout = Handout(comm.store if comm.dp_size > 1 else None, len(prompts), comm.dp_size)
         costs = None      # the row budget's costs: measured once, kept with the job for a resume
         if budgeted(cfg):   # by global rank 0, the others waiting for it (past timeout_s while it beats)
@@ -403,6 +408,9 @@ def encode_prompt(prompt: Prompt, loaded: LoadedModel, cfg: JobConfig,
         return None, f"{where}cannot tokenize the prompt: {one_line(e)}"
     if not ids:
         return ids, f"{where}prompt encodes to no tokens"
+    outside = outside_vocabulary(ids, input_vocab(loaded.model))
+    if outside is not None:       # a tokenizer with more ids than the model's embedding
+        return ids, f"{where}{outside}: the tokenizer holds more ids than the model"
     budget = None if limit is None else limit - cfg.generation.max_new_tokens
     if budget is not None and len(ids) > budget:
         return ids, (f"{where}prompt has {len(ids)} tokens, more than the model's context of {limit} positions "

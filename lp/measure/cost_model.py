@@ -228,13 +228,15 @@ def _probe_rounds(model, prefix: int, batch: int, rows_list: Sequence[int]) -> d
     logits), their argmax read back on the host; one per rows count, over one cache whose
     prefixes are written once: row 0's by a prefill, the others copied from it (a forward's time
     does not depend on what the cache holds, and `batch` prefills would cost more than the grid)."""
+    from lp.decode.arch import input_vocab, text_config
     from lp.decode.batch import forward_round, pack_round
     from lp.decode.device import Uploader
     from lp.decode.kv_cache import attended, copy_prefix, round_cache
     from lp.decode.verify import greedy_ids
 
     gen = torch.Generator().manual_seed(prefix * 1000 + 100 * batch + max(rows_list))
-    random_ids = lambda k: torch.randint(model.config.vocab_size, (k,), generator=gen).tolist()  # noqa: E731
+    vocab = input_vocab(model) or text_config(model.config).vocab_size     # a multimodal config holds no vocab_size
+    random_ids = lambda k: torch.randint(vocab, (k,), generator=gen).tolist()  # noqa: E731
     cache = round_cache(model, prefix + max(rows_list), batch)
     uploader = Uploader(next(model.parameters()).device)
 
