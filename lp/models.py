@@ -331,6 +331,11 @@ def _convert_gguf(gguf: Path) -> str:
 # ---- transformers checkpoints ------------------------------------------------------------------------------
 
 
+# what a saved tokenizer leaves in its directory (one of them at least)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
 def _pretrained(source: str, dtype: torch.dtype, device: torch.device, attn: str, **kwargs):
     config = AutoConfig.from_pretrained(source, **kwargs)
     try:
@@ -353,11 +358,6 @@ def _pretrained(source: str, dtype: torch.dtype, device: torch.device, attn: str
                              f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a causal LM checkpoint "
                              f"(a base model or another task's head lacks them) is needed")
     return model, tokenizer
-
-
-# what a saved tokenizer leaves in its directory (one of them at least)
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
 
 
 def _experts(dtype: torch.dtype) -> str | None:

@@ -5,10 +5,11 @@ this draws them all at once: each case is a seeded random draw of a tiny model (
 weights), its prompts (with repeats, so that drafts are accepted), max_new_tokens (up to 48, in a tenth
 of the cases up to 192) and EOS ids, every lookahead key, the batch size and row budget, generate's
 processors, a row-wise prefix_allowed_tokens_fn and stopping criterion, stop strings, and the entry
-(lp.generate, or the drop-in on a left-padded batch). It checks every prompt's ids against `model.generate` on that prompt alone (the drop-in: on the same
-batch), greedy, or sampled with generate's own processors and warpers and lp's draws in place of
-torch.multinomial's (`lp_draws`: lp's sampling is exact that way, the same draws give the same tokens);
-and lp.generate's finish reasons and stop-cut text. A case is a pure function of its number and of
+(lp.generate, or the drop-in on a left-padded batch). It checks every prompt's ids against
+`model.generate` on that prompt alone (the drop-in: on the same batch), greedy, or sampled with
+generate's own processors and warpers and lp's draws in place of torch.multinomial's (`lp_draws`: lp's
+sampling is exact that way, the same draws give the same tokens); and lp.generate's finish reasons and
+stop-cut text. A case is a pure function of its number and of
 lp.tiny's family list (`draw_case`), so any failure is replayed with `--case N` on the same lp; a family
 added to the list redraws the numbers, so a test that pins a case holds its whole spec.
 
@@ -103,7 +104,8 @@ def draw_case(case: int) -> dict:
     # padded rows come out NaN there)
     entry = "drop-in" if r.random() < 0.3 and family != "gemma2" else "generate"
     return dict(case=case, family=family, vocab=vocab, seed=r.randrange(1000),
-                prompts=[prompt() for _ in range(r.randint(1, 4))], max_new_tokens=longer(case, r.randint(1, 48)), eos=eos,
+                prompts=[prompt() for _ in range(r.randint(1, 4))], max_new_tokens=longer(case, r.randint(1, 48)),
+                eos=eos,
                 batch_size=r.randint(1, 4), keys=keys, knobs=knobs, entry=entry,
                 # a prefix_allowed_tokens_fn (its multiplier; None: none) and a stopping criterion, called
                 # row by row

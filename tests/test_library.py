@@ -823,6 +823,9 @@ def test_a_refused_sampled_call_leaves_torchs_generator_alone(model):
     refused = [
         lambda: lp.generate(model, PROMPTS, max_new_tokens=4, do_sample=True, seed=None, temperature=0.0),
         lambda: lp.generate(model, PROMPTS, max_new_tokens=4, do_sample=True, seed=None, stop_strings=["x"]),
+        lambda: lp.generate(model, [[1, 2, 999]], max_new_tokens=4, do_sample=True, seed=None),    # the decode's
+        lambda: model.generate(torch.tensor([[1, 2, 999]]), max_new_tokens=4, do_sample=True,   # own refusals
+                               custom_generate=lp.lookahead),
         lambda: model.generate(torch.tensor([[0, 5, 9], [7, 8, 0]]), attention_mask=torch.tensor([[0, 1, 1], [1, 1, 0]]),
                                max_new_tokens=4, do_sample=True, custom_generate=lp.lookahead),
     ]

@@ -774,7 +774,7 @@ def test_a_checkpoints_generation_defaults_the_job_does_not_apply_are_named(tmp_
     model = tmp_path / "model"
     loaded = lp.models.tiny_random_llama(vocab=32, eos=5)
     loaded.model.generation_config.update(repetition_penalty=1.3, do_sample=True, temperature=0.7, top_k=20,
-                                          suppress_tokens=[7])
+                                          suppress_tokens=[7], min_length=5)
     loaded.model.save_pretrained(model)
     from test_models import word_tokenizer
     word_tokenizer(32).save_pretrained(model)
@@ -785,11 +785,13 @@ def test_a_checkpoints_generation_defaults_the_job_does_not_apply_are_named(tmp_
         "model": {"name": str(model), "device": "cpu"}, "generation": {"max_new_tokens": 4, "batch_size": 1},
         "data": {"source": "jsonl", "path": str(prompts)}, "output": {"dir": str(tmp_path / "out")}}))
     warned = []
-    for keys in ([], ["--set", "generation.repetition_penalty=1.3", "--set", "generation.suppress_tokens=[7]",
-                      "--set", "generation.temperature=0.7", "--set", f"output.dir={tmp_path / 'out2'}"]):
-        result = CliRunner().invoke(main, ["--config", str(config), *keys])
+    own = ["--set", "generation.repetition_penalty=1.3", "--set", "generation.suppress_tokens=[7]",
+           "--set", "generation.temperature=0.7"]
+    for k, keys in enumerate(([], own, [*own, "--set", "generation.top_k=20"])):
+        result = CliRunner().invoke(main, ["--config", str(config), *keys, "--set", f"output.dir={tmp_path / str(k)}"])
         assert result.exit_code == 0, result.output
         warned.append([line for line in result.output.splitlines() if "generation_config" in line])
-    assert len(warned[0]) == 1 and "sets repetition_penalty=1.3, suppress_tokens=[7], do_sample=True, which " \
-        "model.generate applies by default" in warned[0][0]
-    assert warned[1] == []          # the job's own keys apply them
+    assert len(warned[0]) == 1 and "sets repetition_penalty=1.3, suppress_tokens=[7], min_length=5, do_sample=True, " \
+        "which model.generate applies by default" in warned[0][0]
+    assert len(warned[1]) == 1 and "sets top_k=20, min_length=5, which" in warned[1][0]   # sampling: its warpers too
+    assert len(warned[2]) == 1 and "sets min_length=5, which" in warned[2][0]           # a job has no min_length

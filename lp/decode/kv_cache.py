@@ -221,26 +221,28 @@ def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     captured, again), unless the new one does not fit in the free memory beside them: then they are
     dropped, the longest first, until it fits (a library caller's long request does not make a
     later one fail). Caches made before the model moved to another dtype or device are dropped. A
-    cache a decode is using (`busy`: a decode called again from its own callbacks, or one run beside
-    another on the same model) is never handed out or dropped: the new decode gets a cache of its
-    own, not kept."""
+    cache a decode is using (`busy`: a decode called again from its own callbacks, or a decode_batch
+    generator read in turns with another on the same model; not threads) is never handed out or
+    dropped: the new decode gets a cache of its own, not kept."""
     key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
     param = next(model.parameters())
     for other in [k for k, c in caches.items() if (c.dtype, c.device) != (param.dtype, param.device) and not c.busy]:
         caches.pop(other).release()
-    if key in caches and caches[key].busy:
-        return RoundCache(model, key[1], batch)
-    if key not in caches:
-        size = cache_bytes(model, key[1], batch)
-        batched = batch > 1 or any(b > 1 for b, _ in caches)
-        for other in sorted((k for k, c in caches.items() if not c.busy), key=lambda k: k[1], reverse=True):
-            free = None if batched else free_bytes(param.device)
-            if not batched and (free is None or size <= free):
-                break
-            caches.pop(other).release()       # freed now, whoever still holds it
-        caches[key] = RoundCache(model, key[1], batch)
-    return caches[key]
+    kept = caches.get(key)
+    if kept is not None and not kept.busy:
+        return kept
+    size = cache_bytes(model, key[1], batch)
+    batched = batch > 1 or any(b > 1 for b, _ in caches)
+    for other in sorted((k for k, c in caches.items() if not c.busy), key=lambda k: k[1], reverse=True):
+        free = None if batched else free_bytes(param.device)
+        if not batched and (free is None or size <= free):
+            break
+        caches.pop(other).release()       # freed now, whoever still holds it
+    cache = RoundCache(model, key[1], batch)
+    if kept is None:
+        caches[key] = cache
+    return cache
 
 
 def publish(cache: RoundCache, src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ from lp.decode.tree import TokenTree, TreeBuilder
 GUESS_SCORE = 0.5
 SUFFIX_NGRAM = 8     # m-grams indexed; longer matches are found by extending an occurrence
 # the job cache keeps the latest completions up to this many tokens, forgetting the earliest first: about
-# 550 bytes a token (scripts/bench_index.py: random code-like text), so at most about 0.6 GiB
+# 550 bytes a token (scripts/bench_index.py: random code-like text), so at most about 0.55 GiB
 # of host memory however long the job; a draft reads only an m-gram's 64 latest occurrences anyway
 JOB_CACHE_TOKENS = 1 << 20
 

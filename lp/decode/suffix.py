@@ -25,7 +25,7 @@ O(max_ngram) dictionary updates, a draft looks at no more than `scan`
 occurrences (the most recent), so a round's cost stays bounded however long
 the job grows. Its memory is bounded by `most_tokens`: adding a sequence past
 it forgets the oldest whole sequences first (a job's earliest completions),
-never the newest.
+never the newest (so one sequence longer than the bound stays whole).
 """
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ class SuffixIndex:
     def __init__(self, max_ngram: int = 8, scan: int = 64, most_tokens: int | None = None):
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        if most_tokens is not None and most_tokens < 0:
+            raise ValueError(f"most_tokens must be >= 0 (or None: no bound), got {most_tokens}")
         self.max_ngram = max_ngram
         self.scan = scan                         # most recent occurrences looked at per draft
         self.most_tokens = most_tokens           # None: no bound
