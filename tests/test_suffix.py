@@ -299,6 +299,8 @@ def test_a_forgotten_sequence_cannot_grow():
     assert index.first == 1 and len(index) == 2
     with pytest.raises(ValueError, match="forgotten"):
         index.extend(old, [6])
+    with pytest.raises(ValueError, match="most_tokens must be >= 0"):
+        SuffixIndex(2, most_tokens=-1)
 
 
 def test_the_job_cache_is_bounded():
