@@ -146,7 +146,9 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     if given_cache_tokens(model_kwargs):
         raise ValueError("lp.lookahead builds its own cache from input_ids: pass the whole sequence as input_ids "
                          "and no past_key_values")
-    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _GENERATE_MODEL_KWARGS)
+    extra = sorted(k for k, v in model_kwargs.items()      # an empty container passes nothing (Gemma 3's
+                   if v is not None and not (isinstance(v, (dict, list, tuple)) and not v)   # mm_encoder_outputs)
+                   and k not in _GENERATE_MODEL_KWARGS)
     if extra:
         raise ValueError(f"lp.lookahead feeds the model input_ids (and their positions) only: it cannot pass "
                          f"{', '.join(extra)} to the model")

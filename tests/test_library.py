@@ -908,4 +908,8 @@ def test_a_composite_models_batched_call_measures_its_grid():
     assert not hasattr(model.config, "vocab_size")
     prompts = [[5, 9, 12, 5, 9, 30, 41], [7, 8, 9, 7, 8]]
     got = [r.token_ids for r in lp.generate(model, prompts, max_new_tokens=24, batch_size=2)]
-    assert got == [plain(model, torch.tensor([p]), max_new_tokens=24)[0, len(p):].tolist() for p in prompts]
+    want = [plain(model, torch.tensor([p]), max_new_tokens=24)[0, len(p):].tolist() for p in prompts]
+    assert got == want
+    # the drop-in too: generate hands it an empty mm_encoder_outputs, which it refused as a model input
+    assert [plain(model, torch.tensor([p]), max_new_tokens=24, custom_generate=lp.lookahead)[0, len(p):].tolist()
+            for p in prompts] == want
