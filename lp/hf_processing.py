@@ -425,10 +425,10 @@ def is_token_id(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-# generate's processors a checkpoint's generation_config may set, as GenerationParams names them (the first
-# three a number, the others lists); its warpers; and what generate applies that a job has no key for
-CHECKPOINT_PROCESSORS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "bad_words_ids",
-                         "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id")
+# generate's processors a checkpoint's generation_config may set, as GenerationParams names them: numbers
+# and lists; its warpers; and what generate applies that a job has no key for
+CHECKPOINT_NUMBERS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens")
+CHECKPOINT_LISTS = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_eos_token_id")
 CHECKPOINT_WARPERS = ("temperature", "top_h", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 CHECKPOINT_OTHERS = ("min_length", "num_beams", "exponential_decay_length_penalty", "encoder_repetition_penalty")
 
@@ -436,18 +436,25 @@ CHECKPOINT_OTHERS = ("min_length", "num_beams", "exponential_decay_length_penalt
 def unapplied_defaults(config, generation) -> list[str]:
     """What the model's generation_config `config` sets that `model.generate` applies by default and
     `generation` (a job's keys, which are all a job reads besides the EOS ids) does not, as `key=value`:
-    its processors set otherwise than off; sampling (do_sample) where `generation` is greedy, and its
-    warpers where it samples; and what a job has no key for (min_length, beams, ...)."""
+    its processors set otherwise than off (a list the job sets is its own choice); sampling (do_sample)
+    where `generation` is greedy, and its warpers where it samples; and what a job has no key for
+    (min_length, beams, ...)."""
     neutral = GenerationConfig()
     sampling = generation.temperature > 0
+
+    def unapplied(key: str, value) -> bool:
+        if key in CHECKPOINT_OTHERS:
+            return True
+        mine = getattr(generation, key, None)
+        return not mine if key in CHECKPOINT_LISTS else value != mine
+
     out = []
-    for key in CHECKPOINT_PROCESSORS + (CHECKPOINT_WARPERS if sampling else ()) + CHECKPOINT_OTHERS:
+    for key in CHECKPOINT_NUMBERS + CHECKPOINT_LISTS + (CHECKPOINT_WARPERS if sampling else ()) + CHECKPOINT_OTHERS:
         value = getattr(config, key, None)
         if value is None or value == getattr(neutral, key, None) or value in ([], {}, ()):
             continue
-        mine = getattr(generation, key, None)
-        if key in CHECKPOINT_OTHERS or (not mine if key in CHECKPOINT_PROCESSORS[3:] else value != mine):
-            out.append(f"{key}={short_repr(value, 40)}")      # a list the job sets is its own choice
+        if unapplied(key, value):
+            out.append(f"{key}={short_repr(value, 40)}")
     if getattr(config, "do_sample", False) and not sampling:
         out.append("do_sample=True")
     return out
