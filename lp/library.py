@@ -45,6 +45,7 @@ import dataclasses
 import inspect
 import logging
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -313,29 +314,44 @@ def _decode(model, prompts: list[list[int]], params: LookaheadParams, generation
     each committed token), one result each in prompt order: each drafts
     from the completions that ended before it starts (the call's job cache), and with `batch_size` > 1 up
     to that many share each forward, with the row budget where `params` asks for it."""
-    corpus = completions_index(params)
-    seen = seen or [None] * len(prompts)
-    width = min(batch_size, len(prompts))
-    if width > 1:
-        costs = _row_costs(model, params, width, prompts) if params.row_budget else None
-        outcomes = decode_batch(model, (Prompt(k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen))), params,
-                                generation, batch_size=width, prompt_tokens=max(map(len, prompts)),
-                                eos_token_ids=eos, tokenizer=tokenizer, corpus=corpus, row_processor=row_processor,
-                                stop_when=stop_when, **budget_kwargs(costs))
-    else:
-        outcomes = ((k, lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
-                                           request=k, streamer=streamer, seen_prompt=s, corpus=corpus,
-                                           row_processor=row_processor, stop_when=stop_when))
-                    for k, (ids, s) in enumerate(zip(prompts, seen)))
-    out: dict[int, GenerationResult] = {}
-    with contextlib.closing(outcomes):     # a raise below closes decode_batch (its heap_frozen thaws)
-        for k, r in outcomes:         # in the order they end; each completion joins the corpus then
-            if isinstance(r, Exception):      # as generate raises for the whole batch
-                raise r
-            if corpus is not None and r.token_ids:
-                corpus.add(r.token_ids)
-            out[k] = r
-    return [out[k] for k in range(len(prompts))]
+    with _model_lock(model):      # calls from other threads wait: they would share the kept caches
+        corpus = completions_index(params)
+        seen = seen or [None] * len(prompts)
+        width = min(batch_size, len(prompts))
+        if width > 1:
+            costs = _row_costs(model, params, width, prompts) if params.row_budget else None
+            requests = (Prompt(k, ids, k, s) for k, (ids, s) in enumerate(zip(prompts, seen)))
+            outcomes = decode_batch(model, requests, params, generation, batch_size=width,
+                                    prompt_tokens=max(map(len, prompts)), eos_token_ids=eos, tokenizer=tokenizer,
+                                    corpus=corpus, row_processor=row_processor, stop_when=stop_when,
+                                    **budget_kwargs(costs))
+        else:
+            outcomes = ((k, lookahead_generate(model, ids, params, generation, eos_token_ids=eos, tokenizer=tokenizer,
+                                               request=k, streamer=streamer, seen_prompt=s, corpus=corpus,
+                                               row_processor=row_processor, stop_when=stop_when))
+                        for k, (ids, s) in enumerate(zip(prompts, seen)))
+        out: dict[int, GenerationResult] = {}
+        with contextlib.closing(outcomes):     # a raise below closes decode_batch (its heap_frozen thaws)
+            for k, r in outcomes:         # in the order they end; each completion joins the corpus then
+                if isinstance(r, Exception):      # as generate raises for the whole batch
+                    raise r
+                if corpus is not None and r.token_ids:
+                    corpus.add(r.token_ids)
+                out[k] = r
+        return [out[k] for k in range(len(prompts))]
+
+
+_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> the lock its calls take
+_LOCKS_MADE = threading.Lock()
+
+
+def _model_lock(model) -> threading.RLock:
+    """The lock that runs calls on `model` from several threads one at a time: a decode writes the K/V
+    cache and the row-cost grid kept on the model while it runs, and a call from another thread would
+    take them too. Re-entrant: a call from a callback of another, on its thread, goes on (with a cache
+    of its own: lp.decode.kv_cache.round_cache)."""
+    with _LOCKS_MADE:
+        return _LOCKS.setdefault(model, threading.RLock())
 
 
 _COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> {(batch, lookahead): row costs}

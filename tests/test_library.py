@@ -913,3 +913,55 @@ def test_a_composite_models_batched_call_measures_its_grid():
     # the drop-in too: generate hands it an empty mm_encoder_outputs, which it refused as a model input
     assert [plain(model, torch.tensor([p]), max_new_tokens=24, custom_generate=lp.lookahead)[0, len(p):].tolist()
             for p in prompts] == want
+
+
+def test_calls_on_one_model_from_two_threads_run_one_at_a_time(monkeypatch):
+    """A thread's batched call measuring its row-cost grid writes the K/V cache it keeps on the model;
+    a call from another thread took that same cache for its decode (it was not busy yet) and decoded
+    from what the grid's forwards wrote there. The second call now waits for the first: both equal
+    generate. The grid's first forward of two requests waits (at most 2 s) for the other call to be
+    mid-decode, which it never is once calls run one at a time."""
+    import threading
+
+    import lp.decode.batch
+
+    # 128 positions: the grid is measured over no cached tokens, in a cache of the second call's 256 slots
+    model = tiny_random("llama", dtype=torch.float64, max_position_embeddings=128)
+    first, second = PROMPTS[:2], [[3, 4, 5, 3, 4, 5, 3], [9, 10, 9, 10]]
+    new = 40
+    want = [upto_eos(model, plain(model, torch.tensor([p]), max_new_tokens=new)[0, len(p):].tolist())
+            for p in first + second]
+    probing, decoding, wrote = threading.Event(), threading.Event(), threading.Event()
+    real, calls = lp.decode.batch.forward_round, []
+
+    def probe_forward(model, dev, batch, shape, first_row, cache, *args, **kwargs):
+        if cache.batch == 2:
+            calls.append(1)
+            if len(calls) == 1:
+                probing.set()
+                decoding.wait(2)
+            elif len(calls) == 2:
+                wrote.set()
+        return real(model, dev, batch, shape, first_row, cache, *args, **kwargs)
+
+    class Pause(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            if not decoding.is_set():
+                decoding.set()
+                wrote.wait(2)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    monkeypatch.setattr(lp.decode.batch, "forward_round", probe_forward)
+    got = {}
+
+    def other():
+        probing.wait(60)
+        got["second"] = lp.generate(model, second, max_new_tokens=new, batch_size=2, row_budget=False,
+                                    stopping_criteria=[Pause()])
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    got["first"] = lp.generate(model, first, max_new_tokens=new, batch_size=2)
+    thread.join(120)
+    assert len(calls) > 2 and probing.is_set() and not thread.is_alive()
+    assert [r.token_ids for r in got["first"] + got["second"]] == want

@@ -222,8 +222,8 @@ def round_cache(model, need: int, batch: int = 1) -> RoundCache:
     dropped, the longest first, until it fits (a library caller's long request does not make a
     later one fail). Caches made before the model moved to another dtype or device are dropped. A
     cache a decode is using (`busy`: a decode called again from its own callbacks, or a decode_batch
-    generator read in turns with another on the same model; not threads) is never handed out or
-    dropped: the new decode gets a cache of its own, not kept."""
+    generator read in turns with another on the same model; the library runs threads' calls one at a
+    time) is never handed out or dropped: the new decode gets a cache of its own, not kept."""
     key = (batch, cache_length(need))
     caches = model.__dict__.setdefault("_lp_round_caches", {})
     param = next(model.parameters())
