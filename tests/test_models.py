@@ -360,3 +360,43 @@ def test_a_checkpoint_without_the_lm_head_is_refused(tmp_path):
     type(tiny)(tiny.config).save_pretrained(tied)
     word_tokenizer(32).save_pretrained(tied)
     assert load_model(str(tied), device="cpu").model.config.vocab_size == 32
+
+
+def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch):
+    """A resume kept the records of a local checkpoint whose weights were overwritten since (the new
+    prompts decoded by the new model). lp.models.model_digest tells the files apart: the same for a copy
+    (new times), another for other weights, another tokenizer file, or a byte changed in a sampled block
+    of a large file; None for the built-in tiny models."""
+    import shutil
+
+    from lp.models import model_digest
+
+    def save(where, seed=0):
+        tiny_random_llama(vocab=40, eos=5, seed=seed).model.save_pretrained(where)
+        word_tokenizer(40).save_pretrained(where)
+
+    save(tmp_path / "a")
+    digest = model_digest(str(tmp_path / "a"))
+    assert len(digest) == 16 and model_digest(str(tmp_path / "a")) == digest
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)     # new times
+    assert model_digest(str(tmp_path / "b")) == digest
+    (tmp_path / "b" / ".cache").mkdir()       # hidden: what the hub's downloads leave beside the files
+    (tmp_path / "b" / ".cache" / "x").write_text("x")
+    assert model_digest(str(tmp_path / "b")) == digest
+    save(tmp_path / "b", seed=1)
+    assert model_digest(str(tmp_path / "b")) != digest
+    save(tmp_path / "b")
+    assert model_digest(str(tmp_path / "b")) == digest
+    config = tmp_path / "b" / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("w0", "w1", 1))
+    assert model_digest(str(tmp_path / "b")) != digest
+    for key, value in (("DIGEST_WHOLE", 1000), ("DIGEST_SAMPLES", 8), ("DIGEST_BLOCK", 64)):
+        monkeypatch.setattr(lp.models, key, value)              # the weights are then read in samples
+    weights = tmp_path / "a" / "model.safetensors"
+    sampled = model_digest(str(tmp_path / "a"))
+    assert sampled != digest
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1                                               # the last block is sampled
+    weights.write_bytes(bytes(data))
+    assert model_digest(str(tmp_path / "a")) != sampled
+    assert model_digest("tiny-random-llama") is None and model_digest("tiny-random-qwen2") is None

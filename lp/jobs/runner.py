@@ -58,7 +58,7 @@ from lp.jobs.results import JobDir, JobDirError, ResumeRefused
 from lp.jobs.summary import RunFacts, error_record, result_record, sorted_percentile, summarize, tokens_per_second
 from lp.measure.cost_model import CURVE_PREFIX, budget_kwargs, row_costs
 from lp.messages import one_line
-from lp.models import LoadedModel, ModelLoadError, load_model, locate_model
+from lp.models import LoadedModel, ModelLoadError, load_model, model_digest
 from lp.parallel.dist import Comm
 
 logger = logging.getLogger("lp.jobs")
@@ -98,9 +98,9 @@ def run_job(cfg: JobConfig, comm: Comm | None = None, *, force: bool = False, fr
         try:
             prompts = load_prompts(cfg.data)
             logger.info("%d prompts from %s", len(prompts), cfg.data.path or cfg.data.source)
-            locate_model(cfg.model.name)    # a name that finds no model stops the job before open (--fresh) clears
+            digest = model_digest(cfg.model.name)   # a name that finds no model stops the job before open clears
             job = JobDir(cfg.output.dir)
-            job.open(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
+            job.open(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts), model_digest=digest)
         except (DataError, ModelLoadError, JobDirError, ResumeRefused, OSError) as e:
             failure = e
     if comm.job_world > 1 and (status := comm.job_go(start_status(failure))):   # go / stop for every rank
@@ -180,8 +180,9 @@ def check_job(cfg: JobConfig, *, force: bool = False, fresh: bool = False) -> st
     ResumeRefused, ModelLoadError as run_job raises them). Returns one line: how many prompts the job would
     decode."""
     prompts = load_prompts(cfg.data)
-    records = JobDir(cfg.output.dir).check(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts))
-    locate_model(cfg.model.name)
+    digest = model_digest(cfg.model.name)
+    records = JobDir(cfg.output.dir).check(cfg, force=force, fresh=fresh, prompt_hashes=_hashes(prompts),
+                                           model_digest=digest)
     left = [p for p in prompts if p.task_id not in records]
     bad = sum(p.error is not None for p in left)
     return (f"{len(left)} of {len(prompts)} prompts to decode into {cfg.output.dir}"
