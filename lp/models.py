@@ -25,6 +25,7 @@ products of a decoding round. Anything that compares decoders should give them a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -332,33 +333,49 @@ def _smollm2_file() -> Path:
 
 
 def _convert_gguf(gguf: Path) -> str:
-    """Dequantize `gguf` once into a float32 safetensors checkpoint in the cache; return its directory."""
+    """Dequantize `gguf` once into a float32 safetensors checkpoint in the cache; return its directory.
+    One process converts (a lock file beside the copy: torchrun's ranks, or jobs started together, wait
+    for its copy), whichever rank it is; a copy without its config or weights (one an lp before this
+    check left) is made again."""
     gguf, stat = gguf.resolve(), gguf.stat()
     key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     root = Path(os.environ.get("LP_CACHE_DIR") or Path.home() / ".cache" / "lp").expanduser()
     final = root / f"{gguf.stem}-{key}"
-    if final.is_dir():
+    if _converted(final):
         return str(final)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        # the weights are dequantized now: drop the GGUF quantizer so save_pretrained writes plain float32
-        model.hf_quantizer, model.is_quantized = None, False
-        del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():  # otherwise another process (e.g. a torchrun rank) finished first: use its copy
-                raise
+        root.mkdir(parents=True, exist_ok=True)
+        with (root / f".{final.name}.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)        # released when the file closes, or the process dies
+            if _converted(final):                   # another process made it while this one waited
+                return str(final)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+                # the weights are dequantized now: drop the GGUF quantizer so save_pretrained writes plain float32
+                model.hf_quantizer, model.is_quantized = None, False
+                del model.config.quantization_config
+                # once torch.distributed is up, transformers writes the weights and config on rank 0 alone;
+                # the rank converting here may be any rank (of any node)
+                model.should_save_on_this_rank = lambda is_main_process: True
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                if not _converted(Path(tmp)):
+                    raise RuntimeError(f"save_pretrained left no config.json and weights in {tmp}")
+                os.rename(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:
         raise ModelLoadError(f"cannot convert GGUF file {gguf}: {one_line(e)}") from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
+
+
+def _converted(directory: Path) -> bool:
+    """Whether `directory` holds a converted checkpoint: its config and weights (written before the
+    directory gets its name)."""
+    return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
 
 
 # ---- transformers checkpoints ------------------------------------------------------------------------------

