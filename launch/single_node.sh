@@ -18,4 +18,5 @@ if [[ $1 != -* ]]; then echo "error: launch/single_node.sh: P must be a whole nu
 # the job's checks first, in this process: a bad config, prompt file, output directory or model name is one error
 # line and its status (2 or 1), not that line followed by torchrun's traceback for the failed workers
 WORLD_SIZE=$nproc python -m lp.run --check "$@" >/dev/null
-exec torchrun --standalone --nproc-per-node="$nproc" -m lp.run "$@"
+# torchrun as a module of this python: the `torchrun` on PATH may belong to another Python (a venv's shim)
+exec python -m torch.distributed.run --standalone --nproc-per-node="$nproc" -m lp.run "$@"
