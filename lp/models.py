@@ -128,22 +128,23 @@ DIGEST_BLOCK = 4096
 
 def model_digest(name: str) -> str | None:
     """16 hex digits that change when the files model `name` loads from change: for a local directory
-    (every file but hidden ones, by relative name) or a GGUF file, the SHA-256 of each file's name,
-    size and content (whole up to DIGEST_WHOLE, else DIGEST_SAMPLES blocks spread from its start to its end: a retrained
-    or merged checkpoint changes most of them, and a 14 GB model is read in milliseconds). A copy keeps
-    the digest (no times are read). None for the built-in tiny models (their weights are their name's)
-    and Hugging Face ids (the cache keeps each revision apart). A job records it to refuse a resume whose
-    model changed (lp.jobs.results)."""
+    (its files but hidden ones; not its subdirectories, which transformers does not load) or a GGUF
+    file, the SHA-256 of each file's name, size and content (whole up to DIGEST_WHOLE, else
+    DIGEST_SAMPLES blocks spread from its start to its end: a retrained or merged checkpoint changes
+    most of them, and a 14 GB model is read in milliseconds). A copy keeps the digest (no times are
+    read). None for the built-in tiny models (their weights are their name's) and Hugging Face ids (the
+    cache keeps each revision apart). A job records it to refuse a resume whose model changed
+    (lp.jobs.results)."""
     kind, where = locate_model(name)
     if kind not in ("dir", "gguf"):
         return None
     root = Path(where)
-    files = [root] if kind == "gguf" else sorted(p for p in root.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(root).parts))
+    files = [root] if kind == "gguf" else sorted(p for p in root.iterdir()
+                                                 if p.is_file() and not p.name.startswith("."))
     digest = hashlib.sha256()
     for path in files:
         size = path.stat().st_size
-        digest.update(f"{path.relative_to(root) if kind == 'dir' else path.name}\0{size}\0".encode())
+        digest.update(f"{path.name}\0{size}\0".encode())
         with path.open("rb") as fh:
             if size <= max(DIGEST_WHOLE, DIGEST_SAMPLES * DIGEST_BLOCK):
                 digest.update(fh.read())

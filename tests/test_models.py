@@ -387,6 +387,9 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
     assert model_digest(str(tmp_path / "b")) == digest
     (tmp_path / "b" / ".cache").mkdir()       # hidden: what the hub's downloads leave beside the files
     (tmp_path / "b" / ".cache" / "x").write_text("x")
+    (tmp_path / "b" / "checkpoint-500").mkdir()      # a training run's later checkpoint: not what loads
+    (tmp_path / "b" / "checkpoint-500" / "config.json").write_text("{}")
+    (tmp_path / "b" / ".notes").write_text("x")
     assert model_digest(str(tmp_path / "b")) == digest
     save(tmp_path / "b", seed=1)
     assert model_digest(str(tmp_path / "b")) != digest
