@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from multiproc import ROOT, prompt_lines, start_ranks, wait_for_records, write_job, written_lines
 
 TIMEOUT_S = 20
@@ -167,20 +168,26 @@ def test_torchrun_max_restarts_resumes_the_job_after_a_killed_worker(tmp_path):
     assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()
 
 
-def test_two_nodes_of_multi_node_sh_resume_the_job_after_a_killed_worker(tmp_path):
+@pytest.mark.parametrize("sets", [(), ("distributed.lp_size=1",), ("generation.batch_size=3",)],
+                         ids=["one-group", "two-groups", "batched"])
+def test_two_nodes_of_multi_node_sh_resume_the_job_after_a_killed_worker(tmp_path, sets):
     """launch/multi_node.sh on two nodes (two agents here, one worker each) with MAX_RESTARTS=1: a
     worker killed mid-job restarts the workers of both nodes, which resume and finish the job. A node's
     restart count is its own, so the attempt's store comes from TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
-    which the script sets; without it every such restart failed."""
+    which the script sets; without it every such restart failed. The keys on it (the hand-out of two LP
+    groups, the watchdog's beats, the row budget's startup wait) carried each node's count, so after the
+    restart the nodes waited on different keys: both groups decoded every prompt, and the job failed."""
     from lp.processes import descendants
     from multiproc import free_port
 
     config = fault_job(tmp_path)
+    sets = [arg for s in sets for arg in ("--set", s)]
     results = tmp_path / "out" / "results.jsonl"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", NNODES="2", NPROC="1", HEAD_ADDR="127.0.0.1",
                PORT=str(free_port()), JOB_ID=f"lp-test-{os.getpid()}", MAX_RESTARTS="1")
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    nodes = [subprocess.Popen(["bash", str(ROOT / "launch" / "multi_node.sh"), "--config", str(config), "--quiet"],
+    nodes = [subprocess.Popen(["bash", str(ROOT / "launch" / "multi_node.sh"), "--config", str(config), "--quiet",
+                               *sets],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               start_new_session=True) for _ in range(2)]
 
@@ -197,5 +204,5 @@ def test_two_nodes_of_multi_node_sh_resume_the_job_after_a_killed_worker(tmp_pat
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
     assert [node.returncode for node in nodes] == [0, 0], [e[-2000:] for e in errs]
-    ids = [r["task_id"] for r in read_results(results)]
+    ids = [r["task_id"] for path in sorted(results.parent.glob("results*.jsonl")) for r in read_results(path)]
     assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()

@@ -18,7 +18,14 @@ from typing import Iterator
 
 
 def store_prefix() -> str:
-    """Keys of this run on the store (a torchrun restart starts a fresh counter)."""
+    """Keys of this attempt on the job's store (the hand-out's counter, the watchdog's beats, the startup
+    waits). On one node torchrun keeps its store across the restarts of --max-restarts and every rank
+    has the node's restart count: the count names the attempt. On several nodes each node counts its own
+    restarts (one whose workers did not fail restarts them with its count unchanged), so the count would
+    give each node other keys; there every attempt has a store of its own instead
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: launch/multi_node.sh, lp.parallel.dist.attempt_store)."""
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return "lp/nodes/"
     return f"lp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 
 
