@@ -573,6 +573,10 @@ def main(argv=None) -> int:
     if args.jobs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         ap.error("--jobs runs in one process: lp.run starts its own distributed world "
                  "(tests/test_lp_jobs.py runs jobs under torchrun)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.lp_size is not None and (world == 1 or args.lp_size < 1 or world % args.lp_size):
+        ap.error(f"--lp-size {args.lp_size}: LP groups need torchrun, and a size >= 1 that divides its world "
+                 f"({world} rank{'s' if world > 1 else ''} here)")
     draw, check = (job_case, run_job) if args.jobs else (draw_case, run_case)
     torch.set_num_threads(1)
     cases = [args.case] if args.case is not None else \

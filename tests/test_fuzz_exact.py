@@ -277,3 +277,14 @@ def test_jobs_are_refused_under_torchrun(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit:
         fuzz_exact.main(["--jobs", "--cases", "1"])
     assert exit.value.code == 2 and "--jobs runs in one process" in capsys.readouterr().err
+
+
+def test_an_lp_size_torchrun_cannot_give_is_refused(capsys, monkeypatch):
+    """--lp-size was not checked: under torchrun a size that does not divide the world gave a traceback on
+    every rank, and in one process it was ignored."""
+    for world, size in (("1", "2"), ("3", "2"), ("2", "0")):
+        monkeypatch.setenv("WORLD_SIZE", world)
+        with pytest.raises(SystemExit) as e:
+            fuzz_exact.main(["--lp-size", size, "--cases", "1"])
+        assert e.value.code == 2
+        assert f"--lp-size {size}: LP groups need torchrun" in capsys.readouterr().err
