@@ -54,7 +54,7 @@ from typing import Mapping, Sequence
 import torch
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
-from lp.decode.arch import input_vocab, outside_vocabulary, rope_switches_once, rope_threshold
+from lp.decode.arch import check_model, input_vocab, outside_vocabulary, rope_switches_once, rope_threshold
 from lp.decode.kv_cache import given_cache_tokens
 from lp.decode.params import WARPER_KEYS, GenerationParams, LookaheadParams, check
 from lp.decode.processors import RowProcessor, SeenPrompt, as_generate_calls
@@ -191,7 +191,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
         prompts.append((row[mask[b].bool()] if mask is not None else row).tolist())     # left padding stripped
         seen.append(SeenPrompt(row.tolist(), ignored[b] if ignored is not None else 0))  # what the processors see
     _check_no_shared_rope(model.config, [len(p) for p in prompts], new)
-    _check_vocabulary(model, prompts)
+    _check_inputs(model, prompts)
     if generation.temperature > 0:      # drawn once every check passed: a refused call leaves the generator alone
         generation = dataclasses.replace(generation, seed=draw_seed())
     rows = [r.token_ids for r in _decode(model, prompts, params, generation, ends, None, streamer,
@@ -295,7 +295,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
             custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
     stop_when = stop_test(_listed(stopping_criteria, "stopping_criteria"), device)
-    _check_vocabulary(model, batch)
+    _check_inputs(model, batch)
     if drawn:
         generation = dataclasses.replace(generation, seed=draw_seed())
     if streamer is not None:
@@ -459,9 +459,11 @@ def _listed(value, name: str) -> list:
     return list(value)
 
 
-def _check_vocabulary(model, prompts: list[list[int]]) -> None:
-    """ValueError for a prompt id past the model's embedding, before the call draws its seed (the decode
-    refuses it too, after)."""
+def _check_inputs(model, prompts: list[list[int]]) -> None:
+    """ValueError for a model lookahead cannot be exact on (lp.decode.arch.refusal) and for a prompt id
+    past its embedding, before the call draws its seed or measures the row budget's grid with the model's
+    forwards (the decode refuses them too, after)."""
+    check_model(model)
     vocab = input_vocab(model)
     for ids in prompts:
         if (why := outside_vocabulary(ids, vocab)) is not None:

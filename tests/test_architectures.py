@@ -261,6 +261,9 @@ def test_a_users_pass_through_subclass_is_read_as_its_transformers_class(models)
     assert run.token_ids == generate(model, PROMPTS[0])
     bart = subclass(transformers.AutoModelForCausalLM.from_config(NO_POSITION_IDS["bart"]()))
     assert "bart's forward takes no position_ids" in arch.refusal(bart)
+    # torch.compile(model)'s wrapper is no PreTrainedModel: the check passed it (the model's is read now)
+    compiled = torch.compile(transformers.AutoModelForCausalLM.from_config(NO_POSITION_IDS["bart"]()))
+    assert "bart's forward takes no position_ids" in arch.refusal(compiled)
 
 
 def test_an_encoder_family_is_decoded_only_as_a_decoder():

@@ -327,7 +327,7 @@ def test_a_raised_prompt_error_thaws_the_heap_and_dropped_caches_are_freed(model
     import weakref
     import lp
     import lp.library
-    monkeypatch.setattr(lp.library, "_check_vocabulary", lambda model, prompts: None)
+    monkeypatch.setattr(lp.library, "_check_inputs", lambda model, prompts: None)
     model = models("llama")
     vocab = model.get_input_embeddings().num_embeddings
     with pytest.raises(ValueError, match="outside the model's vocabulary"):

@@ -965,3 +965,53 @@ def test_calls_on_one_model_from_two_threads_run_one_at_a_time(monkeypatch):
     thread.join(120)
     assert len(calls) > 2 and probing.is_set() and not thread.is_alive()
     assert [r.token_ids for r in got["first"] + got["second"]] == want
+
+
+@pytest.mark.parametrize("how", ["recurrent", "flex_attention"])
+def test_a_refused_model_is_refused_before_the_grid_is_measured(how):
+    """At batch_size > 1 the row budget's grid ran the model's forwards before the refusal was reached:
+    a mamba model ended in an IndexError, a flex-attention llama in torch's InductorError. Every batch size
+    now gets the refusal batch 1 gets."""
+    model = tiny_random("mamba" if how == "recurrent" else "llama", dtype=torch.float64)
+    if how == "flex_attention":
+        model.config._attn_implementation = "flex_attention"
+    match = "recurrent-state layers" if how == "recurrent" else "attn_implementation 'flex_attention'"
+    for batch_size in (1, 3):
+        with pytest.raises(ValueError, match=match):
+            lp.generate(model, PROMPTS, max_new_tokens=4, batch_size=batch_size)
+        with pytest.raises(ValueError, match=match):
+            ids, mask = left_padded(PROMPTS)
+            model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                           custom_generate=lp.lookahead, batch_size=batch_size)
+
+
+def test_a_model_in_a_state_lp_cannot_decode_is_refused_in_one_line():
+    """Weights offloaded to the meta device (accelerate's cpu_offload) ended in accelerate's 'Cannot copy out
+    of meta tensor'; GPT-2 in training mode with gradient checkpointing in a size mismatch inside SDPA; a
+    model left in training mode with dropout decoded other ids than generate's with no word. Each is
+    refused now, naming what to do; training mode without dropout or checkpointing decodes as before."""
+    from accelerate import cpu_offload
+
+    llama = tiny_random("llama", dtype=torch.float64)
+    offloaded = cpu_offload(tiny_random("llama", dtype=torch.float64), execution_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="first parameter is on the meta device .*load it onto one device"):
+        lp.generate(offloaded, PROMPTS[:1], max_new_tokens=4)
+    gpt2 = tiny_random("gpt2", dtype=torch.float64)
+    want = [r.token_ids for r in lp.generate(gpt2, PROMPTS, max_new_tokens=8)]
+    gpt2.train()
+    with pytest.raises(ValueError, match=r"training mode \(model.train\(\)\) with dropout on.*call model.eval"):
+        lp.generate(gpt2, PROMPTS, max_new_tokens=8, batch_size=3)
+    for module in gpt2.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    gpt2.config.attn_pdrop = 0.0           # (read as configured attention dropout)
+    assert [r.token_ids for r in lp.generate(gpt2, PROMPTS, max_new_tokens=8)] == want
+    gpt2.gradient_checkpointing_enable()
+    with pytest.raises(ValueError, match="with gradient checkpointing on"):
+        lp.generate(gpt2, PROMPTS, max_new_tokens=8)
+    gpt2.eval()
+    assert [r.token_ids for r in lp.generate(gpt2, PROMPTS, max_new_tokens=8)] == want
+    llama.config.attention_dropout = 0.1
+    llama.train()
+    with pytest.raises(ValueError, match="with dropout on"):
+        lp.generate(llama, PROMPTS[:1], max_new_tokens=4)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import inspect
 from typing import Callable, NamedTuple, Sequence
 
+import torch
+
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")     # the two that take a round's explicit 4-D float mask
 _RULES = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attention": CHUNKED}
@@ -227,6 +229,29 @@ def refusal(model) -> str | None:
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         return f"{kind} runs attn_implementation {implementation!r}: lookahead rounds need one of " \
                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (an explicit 4-D mask); load it with one of those"
+    return _state_refusal(model, kind)
+
+
+# config keys of attention-probability dropout that transformers applies in training mode (no nn.Dropout)
+ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+
+
+def _state_refusal(model, kind: str) -> str | None:
+    """Why lookahead cannot run on `model` as it is now (offloaded weights, training mode), or None."""
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "meta":
+        return f"{kind}'s first parameter is on the meta device (weights offloaded by accelerate: cpu_offload, or " \
+               f"a device_map putting modules on 'disk' or offloading them): lp's rounds need the model's weights " \
+               f"and caches on one device; load it onto one device (device_map='cpu' or 'cuda:0')"
+    if not model.training:
+        return None
+    config = text_config(model.config)
+    dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()) or any(
+        isinstance(getattr(config, key, None), float) and getattr(config, key) > 0 for key in ATTENTION_DROPOUT_KEYS)
+    if dropout or getattr(model, "is_gradient_checkpointing", False):
+        what = "dropout" if dropout else "gradient checkpointing"
+        return f"{kind} is in training mode (model.train()) with {what} on, where its forwards are not its " \
+               f"decoding ones (dropout draws masks; checkpointing drops the cache): call model.eval() first"
     return None
 
 
@@ -243,6 +268,7 @@ def _numbers_positions_itself(model) -> bool:
     """A transformers model whose forward takes no `position_ids`: read off the forward of transformers'
     own class in its MRO (a user's subclass may pass everything through `*args, **kwargs`)."""
     from transformers import PreTrainedModel
+    model = getattr(model, "_orig_mod", model)          # torch.compile(model)'s wrapper
     if not isinstance(model, PreTrainedModel):
         return False
     own = next((c for c in type(model).__mro__ if "forward" in vars(c) and c.__module__.startswith("transformers.")),
