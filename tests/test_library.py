@@ -594,6 +594,19 @@ def test_generate_applies_generates_processors(model):
     assert [r.token_ids for r in lp.generate(model, PROMPTS, max_new_tokens=20, **knobs, **TREE)] == want
 
 
+@pytest.mark.parametrize("bias", [{(28,): 1e39}, {(28,): -1e39, (5, 9): -1e39}])
+def test_a_sequence_bias_past_float32s_range_is_generates_infinity(model, bias):
+    """generate's float32 bias table rounds a bias past float32's range to infinity and decodes; lp's
+    fill of its table raised 'value cannot be converted to type float without overflow' (a job: a
+    traceback ending the run)."""
+    want = [plain(model, torch.tensor([p]), max_new_tokens=12, sequence_bias=bias)[0, len(p):].tolist()
+            for p in PROMPTS]
+    for batch_size in (1, 3):
+        got = lp.generate(model, PROMPTS, max_new_tokens=12, sequence_bias=bias, batch_size=batch_size,
+                          row_budget=False, **TREE)
+        assert [upto_eos(model, r.token_ids) for r in got] == [upto_eos(model, w) for w in want]
+
+
 def upto_eos(model, ids):
     """A generated row up to its first EOS (generate pads the rest)."""
     eos = model.generation_config.eos_token_id

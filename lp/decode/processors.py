@@ -382,8 +382,8 @@ class Processors:
         """[size] zeros with `items`' (index, value) filled in on the device, one fill each, once."""
         out = torch.zeros(size, dtype=dtype, device=self.device)
         for i, value in items:
-            if 0 <= i < size:
-                out[i] = value
+            if 0 <= i < size:     # rounded on the host as generate's float32 table rounds it (±inf past its range)
+                out[i] = torch.tensor(value, dtype=dtype).item() if dtype.is_floating_point else value
         return out
 
     def _mask(self, ids: Sequence[int]) -> torch.Tensor:
