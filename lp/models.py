@@ -117,7 +117,7 @@ def locate_model(name: str) -> tuple[str, str | Path]:
         what = "is a file, not a model directory" if Path(name).expanduser().exists() else "not found"
         raise ModelLoadError(f"model directory {what}: {name}")
     if not _in_hub_cache(name):
-        raise _not_loadable(name, "it is not in the cache")
+        raise _not_loadable(name, _uncached(name))
     return "hub", name
 
 
@@ -132,10 +132,12 @@ def model_digest(name: str) -> str | None:
     file, the SHA-256 of each file's name, size and content (whole up to DIGEST_WHOLE, else
     DIGEST_SAMPLES blocks spread from its start to its end: a retrained or merged checkpoint changes
     most of them, and a 14 GB model is read in milliseconds). A copy keeps the digest (no times are
-    read). None for the built-in tiny models (their weights are their name's) and Hugging Face ids (the
-    cache keeps each revision apart). A job records it to refuse a resume whose model changed
-    (lp.jobs.results)."""
+    read). For a Hugging Face id, the commit its cached refs/main names (16 hex digits: a later download
+    moves refs/main). None for the built-in tiny models (their weights are their name's). A job records
+    it to refuse a resume whose model changed (lp.jobs.results)."""
     kind, where = locate_model(name)
+    if kind == "hub":       # the commit refs/main names: a later download moves it
+        return _hub_snapshot(name).name[:16]
     if kind not in ("dir", "gguf"):
         return None
     root = Path(where)
@@ -396,8 +398,10 @@ def _pretrained(source: str, dtype: torch.dtype, device: torch.device, attn: str
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as e:
-        if Path(source).is_dir() and not any(Path(source, f).exists() for f in TOKENIZER_FILES):
-            raise ModelLoadError(f"{source} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): save the model's "
+        where = Path(source) if Path(source).is_dir() else _hub_snapshot(source)
+        if where is not None and not any((where / f).exists() for f in TOKENIZER_FILES):
+            named = where if where == Path(source) else f"{source}'s cached snapshot {where}"
+            raise ModelLoadError(f"{named} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): save the model's "
                                  f"tokenizer beside it (tokenizer.save_pretrained)") from e
         raise
     model, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device, attn_implementation=attn,
@@ -423,8 +427,7 @@ def _load_hub_id(name: str, dtype: torch.dtype, device: torch.device, attn: str)
     except ModelLoadError:
         raise
     except Exception as e:
-        cached = _in_hub_cache(name)
-        why = f"it is in the cache but does not load: {one_line(e)}" if cached else "it is not in the cache"
+        why = f"it is in the cache but does not load: {one_line(e)}" if _in_hub_cache(name) else _uncached(name)
     raise _not_loadable(name, why)
 
 
@@ -432,7 +435,7 @@ def _not_loadable(name: str, why: str) -> ModelLoadError:
     return ModelLoadError(
         f"cannot load model {name!r}: not a built-in name ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>), "
         f"a local directory or .gguf file, or a Hugging Face id in the local cache "
-        f"({huggingface_hub.constants.HF_HUB_CACHE}): {why}. lp downloads nothing at run time; fetch a model "
+        f"({huggingface_hub.constants.HF_HUB_CACHE}): {why.rstrip('.')}. lp downloads nothing at run time; fetch a model "
         f"beforehand (e.g. `hf download {name}`) or give its directory")
 
 
@@ -449,10 +452,28 @@ def _hub_offline():
 
 
 def _in_hub_cache(name: str) -> bool:
+    return _hub_snapshot(name) is not None
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    """The cached snapshot directory of Hugging Face id `name` that refs/main names, when it holds a
+    config.json (None too for the hub's mark that the repository has none)."""
     try:
-        return huggingface_hub.try_to_load_from_cache(name, "config.json") is not None
+        found = huggingface_hub.try_to_load_from_cache(name, "config.json")
     except Exception:  # not a valid repo id
-        return False
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _uncached(name: str) -> str:
+    """Why a Hugging Face id is not loadable from the cache: not there, or there without a refs/main (a
+    download pinned to a commit makes none) naming a snapshot."""
+    repo = Path(huggingface_hub.constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
+    snapshots = sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir()) if "/" in name else []
+    if snapshots:
+        return (f"it is in the cache, but no refs/main names a snapshot with a config.json (a download pinned to a "
+                f"revision makes none): give the snapshot's directory as model.name, e.g. {snapshots[-1]}")
+    return "it is not in the cache"
 
 
 # ---- common ------------------------------------------------------------------------------------------------

@@ -232,13 +232,15 @@ def test_hub_id_in_the_cache_that_does_not_load_says_so(tmp_path, monkeypatch):
     snapshot.mkdir(parents=True)
     (tmp_path / "models--someone--half-model" / "refs").mkdir()
     (tmp_path / "models--someone--half-model" / "refs" / "main").write_text("0" * 40)
-    tiny_random_llama(vocab=32).model.config.save_pretrained(snapshot)  # a config, no tokenizer, no weights
+    tiny_random_llama(vocab=32).model.config.save_pretrained(snapshot)  # a config and a tokenizer, no weights
+    word_tokenizer(32).save_pretrained(snapshot)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError) as e:
         load_model("someone/half-model", device="cpu")
     assert lookups == []
     assert "someone/half-model" in str(e.value) and "in the cache but does not load" in str(e.value)
+    assert ".. lp downloads" not in str(e.value)        # transformers' reason ends in a period of its own
 
 
 def test_local_directory(tmp_path, monkeypatch):
@@ -442,3 +444,54 @@ def test_a_gguf_converted_by_a_rank_other_than_0_has_its_weights(tmp_path, monke
     (first / "model.safetensors").unlink()
     assert lp.models._convert_gguf(gguf) == str(first) and len(read) == 2
     assert {"config.json", "model.safetensors"} <= {p.name for p in first.iterdir()}
+
+
+def hub_snapshot(cache, name, commit, seed=0, tokenizer=True):
+    """A snapshot of Hugging Face id `name` at `commit` in hub cache `cache` (files, not blob links)."""
+    snapshot = cache / f"models--{name.replace('/', '--')}" / "snapshots" / commit
+    tiny_random_llama(vocab=40, eos=5, seed=seed).model.save_pretrained(snapshot)
+    if tokenizer:
+        word_tokenizer(40).save_pretrained(snapshot)
+    return snapshot
+
+
+def point_main(cache, name, commit):
+    refs = cache / f"models--{name.replace('/', '--')}" / "refs"
+    refs.mkdir(exist_ok=True)
+    (refs / "main").write_text(commit)
+
+
+def test_a_hub_ids_digest_is_its_commit_and_partial_caches_say_what_they_lack(tmp_path, monkeypatch):
+    """A resume on a hub id kept the records of the weights refs/main named before an `hf download` moved
+    it (no digest for hub ids). Its digest is now the commit. A cache without refs/main (a download pinned to
+    a commit) was 'not in the cache'; a snapshot without tokenizer files got transformers' advice to install
+    sentencepiece; the hub's mark that a repository has no config.json passed as cached."""
+    lookups = _no_network(monkeypatch)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    from lp.models import model_digest
+
+    a, b = "a" * 40, "b" * 40
+    hub_snapshot(tmp_path, "org/name", a)
+    pinned = hub_snapshot(tmp_path, "org/name", b, seed=1)
+    with pytest.raises(ModelLoadError, match=f"no refs/main names a snapshot .* e.g. {pinned}"):
+        locate_model("org/name")
+    assert load_model(str(pinned), device="cpu").model.config.vocab_size == 40     # the way out it names
+    point_main(tmp_path, "org/name", a)
+    assert model_digest("org/name") == a[:16]
+    assert load_model("org/name", device="cpu").tokenizer.encode("w3 w7") == [3, 7]
+    point_main(tmp_path, "org/name", b)
+    assert model_digest("org/name") == b[:16]
+    bare = hub_snapshot(tmp_path, "org/bare", a, tokenizer=False)
+    point_main(tmp_path, "org/bare", a)
+    with pytest.raises(ModelLoadError, match=f"{bare} holds no tokenizer") as e:
+        load_model("org/bare", device="cpu")
+    assert "sentencepiece" not in str(e.value)
+    marked = tmp_path / "models--org--gguf-only" / ".no_exist" / a
+    marked.mkdir(parents=True)
+    (marked / "config.json").write_text("")
+    (tmp_path / "models--org--gguf-only" / "snapshots").mkdir()
+    point_main(tmp_path, "org/gguf-only", a)
+    with pytest.raises(ModelLoadError, match="it is not in the cache"):
+        locate_model("org/gguf-only")
+    assert lookups == []
