@@ -127,6 +127,7 @@ def lookahead(model, input_ids: torch.LongTensor, logits_processor=None, stoppin
     `batch_size` > 1 decodes up to that many of the batch's rows per forward, as lp.generate does."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    check_model(model)      # first: generate's inputs for a model lp refuses (a recurrent cache) would be named
     caller = _generate_call()
     if caller.get("assistant_model") is not None:
         raise ValueError("lp.lookahead drafts without an assistant model: drop assistant_model")
