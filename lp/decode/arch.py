@@ -22,14 +22,14 @@ builds its own position bias or causal mask (ALiBi, a mask table, virtual tokens
 that take no `position_ids` (the decoders of BART-style encoder-decoders, Whisper, TrOCR, ...: they
 number a forward's rows from the cache's length; read off the class's signature, which the sweep and
 the matrix would catch moving), Dory's 'last_loop' cache, and attention implementations other than SDPA
-and eager (they ignore an explicit 4-D mask).
+and eager (they ignore an explicit 4-D mask). And, read from the model rather than its config, weights
+offloaded to the meta device and modules in training mode.
 """
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Callable, NamedTuple, Sequence
-
-import torch
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")     # the two that take a round's explicit 4-D float mask
@@ -232,26 +232,19 @@ def refusal(model) -> str | None:
     return _state_refusal(model, kind)
 
 
-# config keys of attention-probability dropout that transformers applies in training mode (no nn.Dropout)
-ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
-
-
 def _state_refusal(model, kind: str) -> str | None:
-    """Why lookahead cannot run on `model` as it is now (offloaded weights, training mode), or None."""
-    param = next(model.parameters(), None)
-    if param is not None and param.device.type == "meta":
-        return f"{kind}'s first parameter is on the meta device (weights offloaded by accelerate: cpu_offload, or " \
-               f"a device_map putting modules on 'disk' or offloading them): lp's rounds need the model's weights " \
-               f"and caches on one device; load it onto one device (device_map='cpu' or 'cuda:0')"
-    if not model.training:
-        return None
-    config = text_config(model.config)
-    dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()) or any(
-        isinstance(getattr(config, key, None), float) and getattr(config, key) > 0 for key in ATTENTION_DROPOUT_KEYS)
-    if dropout or getattr(model, "is_gradient_checkpointing", False):
-        what = "dropout" if dropout else "gradient checkpointing"
-        return f"{kind} is in training mode (model.train()) with {what} on, where its forwards are not its " \
-               f"decoding ones (dropout draws masks; checkpointing drops the cache): call model.eval() first"
+    """Why lookahead cannot run on `model` as it is now, or None: a parameter or buffer on the meta device
+    (offloaded weights), or a module in training mode, whose forward (dropout, router noise, gradient
+    checkpointing, batch statistics) is not its decoding one."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if any(t.device.type == "meta" for t in tensors):
+        return f"{kind} has weights on the meta device (offloaded by accelerate: cpu_offload, or a device_map " \
+               f"putting modules on 'disk' or offloading them): lp's rounds need the model's weights and caches " \
+               f"on one device; load it onto one device (device_map='cpu' or 'cuda:0')"
+    if any(m.training for m in model.modules()):
+        return f"{kind} is in training mode (model.train(), or a module of it; from_config makes a model so): " \
+               f"dropout, router noise and gradient checkpointing change its forwards there, so its decoding is " \
+               f"not its greedy one; call model.eval() first"
     return None
 
 
