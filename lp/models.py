@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import importlib.util
 import logging
@@ -122,39 +123,56 @@ def locate_model(name: str) -> tuple[str, str | Path]:
 
 
 DIGEST_WHOLE = 1 << 20      # files up to this size are digested whole
-DIGEST_SAMPLES = 128        # larger ones by this many evenly spaced blocks of DIGEST_BLOCK bytes, and their size
+DIGEST_SPACING = 4 << 20    # larger ones by a block of DIGEST_BLOCK bytes every so many bytes (at least
+DIGEST_SAMPLES = 128        # this many blocks), spread from the start to the end, and their size
 DIGEST_BLOCK = 4096
+# the files of a checkpoint directory transformers loads a causal LM and its tokenizer from
+DIGEST_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.bin", "*.index.json", "*.py", "*.model",
+                "*.tiktoken", "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                "chat_template*")
 
 
 def model_digest(name: str) -> str | None:
     """16 hex digits that change when the files model `name` loads from change: for a local directory
-    (its files but hidden ones; not its subdirectories, which transformers does not load) or a GGUF
-    file, the SHA-256 of each file's name, size and content (whole up to DIGEST_WHOLE, else
-    DIGEST_SAMPLES blocks spread from its start to its end: a retrained or merged checkpoint changes
-    most of them, and a 14 GB model is read in milliseconds). A copy keeps the digest (no times are
-    read). For a Hugging Face id, the commit its cached refs/main names (16 hex digits: a later download
-    moves refs/main). None for the built-in tiny models (their weights are their name's). A job records
-    it to refuse a resume whose model changed (lp.jobs.results)."""
+    (DIGEST_FILES among its own files: not its subdirectories, a README or a trainer's logs) or a GGUF
+    file, the SHA-256 of each file's name, size and content (whole up to DIGEST_WHOLE, else a 4 KiB block
+    every 4 MiB: a retrained layer of a few MiB changes some, and a 14 GB model costs 14 MB of reads).
+    A copy keeps the digest (no times are read). For a Hugging Face id, the commit its cached refs/main
+    names (16 hex digits: a later download moves refs/main). None for the built-in tiny models (their
+    weights are their name's). A job records it to refuse a resume whose model changed
+    (lp.jobs.results); a file it cannot read is a ModelLoadError."""
     kind, where = locate_model(name)
     if kind == "hub":       # the commit refs/main names: a later download moves it
         return _hub_snapshot(name).name[:16]
     if kind not in ("dir", "gguf"):
         return None
     root = Path(where)
-    files = [root] if kind == "gguf" else sorted(p for p in root.iterdir()
-                                                 if p.is_file() and not p.name.startswith("."))
+    files = [root] if kind == "gguf" else sorted(
+        p for p in root.iterdir() if p.is_file() and p.name != "training_args.bin"
+        and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in DIGEST_FILES))
     digest = hashlib.sha256()
     for path in files:
-        size = path.stat().st_size
-        digest.update(f"{path.name}\0{size}\0".encode())
-        with path.open("rb") as fh:
-            if size <= max(DIGEST_WHOLE, DIGEST_SAMPLES * DIGEST_BLOCK):
-                digest.update(fh.read())
-                continue
-            for k in range(DIGEST_SAMPLES):
-                fh.seek(k * (size - DIGEST_BLOCK) // (DIGEST_SAMPLES - 1))
-                digest.update(fh.read(DIGEST_BLOCK))
+        try:
+            digest.update(_file_digest(path))
+        except OSError as e:
+            raise ModelLoadError(f"cannot read {path} to tell whether model {name} changed since a job's results: "
+                                 f"{e.strerror or e}") from e
     return digest.hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> bytes:
+    """The SHA-256 of `path`'s name, size and content (model_digest's sampling)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{path.name}\0{size}\0".encode())
+    with path.open("rb") as fh:
+        if size <= max(DIGEST_WHOLE, DIGEST_SAMPLES * DIGEST_BLOCK):
+            digest.update(fh.read())
+            return digest.digest()
+        blocks = max(DIGEST_SAMPLES, size // DIGEST_SPACING)
+        for k in range(blocks):
+            fh.seek(k * (size - DIGEST_BLOCK) // (blocks - 1))
+            digest.update(fh.read(DIGEST_BLOCK))
+    return digest.digest()
 
 
 def _load(name: str, torch_dtype: torch.dtype, dev: torch.device, attn: str) -> LoadedModel:
@@ -191,6 +209,7 @@ class OneDNNLinear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), ONEDNN_PACK_ROWS)
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self.train(linear.training)     # in the mode of the layer it replaces (a new module starts training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], None)
@@ -360,8 +379,9 @@ def _convert_gguf(gguf: Path) -> str:
                 # the weights are dequantized now: drop the GGUF quantizer so save_pretrained writes plain float32
                 model.hf_quantizer, model.is_quantized = None, False
                 del model.config.quantization_config
-                # once torch.distributed is up, transformers writes the weights and config on rank 0 alone;
-                # the rank converting here may be any rank (of any node)
+                # once torch.distributed is up, transformers (5.17 to 5.25) writes the weights and config on
+                # rank 0 alone; the rank converting here may be any rank (of any node). Should the hook move,
+                # the check below says so rather than leave a copy without weights
                 model.should_save_on_this_rank = lambda is_main_process: True
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
@@ -435,8 +455,8 @@ def _not_loadable(name: str, why: str) -> ModelLoadError:
     return ModelLoadError(
         f"cannot load model {name!r}: not a built-in name ({SMOLLM2}, {TINY}[?...], {TINY_FAMILY}<family>), "
         f"a local directory or .gguf file, or a Hugging Face id in the local cache "
-        f"({huggingface_hub.constants.HF_HUB_CACHE}): {why.rstrip('.')}. lp downloads nothing at run time; fetch a model "
-        f"beforehand (e.g. `hf download {name}`) or give its directory")
+        f"({huggingface_hub.constants.HF_HUB_CACHE}): {why.rstrip('.')}. lp downloads nothing at run time; fetch "
+        f"a model beforehand (e.g. `hf download {name}`) or give its directory")
 
 
 @contextlib.contextmanager
@@ -469,7 +489,8 @@ def _uncached(name: str) -> str:
     """Why a Hugging Face id is not loadable from the cache: not there, or there without a refs/main (a
     download pinned to a commit makes none) naming a snapshot."""
     repo = Path(huggingface_hub.constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
-    snapshots = sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir()) if "/" in name else []
+    snapshots = sorted((p for p in (repo / "snapshots").glob("*") if (p / "config.json").is_file()),
+                       key=lambda p: p.stat().st_mtime) if "/" in name else []
     if snapshots:
         return (f"it is in the cache, but no refs/main names a snapshot with a config.json (a download pinned to a "
                 f"revision makes none): give the snapshot's directory as model.name, e.g. {snapshots[-1]}")

