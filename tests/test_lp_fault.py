@@ -206,3 +206,24 @@ def test_two_nodes_of_multi_node_sh_resume_the_job_after_a_killed_worker(tmp_pat
     assert [node.returncode for node in nodes] == [0, 0], [e[-2000:] for e in errs]
     ids = [r["task_id"] for path in sorted(results.parent.glob("results*.jsonl")) for r in read_results(path)]
     assert sorted(ids) == sorted(f"t{i}" for i in range(40)) and (tmp_path / "out" / "summary.json").exists()
+
+
+def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused(monkeypatch):
+    """Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (launch/multi_node.sh sets it) torchrun keeps one store
+    across restarts, and on several nodes lp's keys of an attempt name no restart count: a restart would
+    read the killed attempt's hand-out counter and done marks. Refused in one line before the rendezvous."""
+    import datetime
+
+    from lp.parallel.dist import attempt_store
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    with pytest.raises(ValueError, match="--max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        attempt_store(datetime.timedelta(seconds=5))
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    assert attempt_store(datetime.timedelta(seconds=5)) is None
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    assert attempt_store(datetime.timedelta(seconds=5)) is None        # no restart to come: no store is shared

@@ -227,9 +227,16 @@ def attempt_store(timeout: datetime.timedelta):
     connect timed out (4 restarts of 5 failed so). On several nodes the restart count is each node's
     own (a node whose workers did not fail restarts them with its count unchanged), so no prefix can be
     agreed on from it: there launch/multi_node.sh and slurm.sbatch set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
-    which gives every attempt a store server of its own."""
+    which gives every attempt a store server of its own, and restarts without it are refused (ValueError)."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restart is None or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+    if restart is None:
+        return None
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0 and \
+                os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1":
+            raise ValueError("torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                             "in every node's environment (launch/multi_node.sh sets it): with the one store torchrun "
+                             "keeps across restarts, a restart would read the killed attempt's keys")
         return None
     from torch.distributed.rendezvous import rendezvous
 
