@@ -59,6 +59,7 @@ from lp.decode.sampling import Draws, sample  # noqa: E402
 from lp.jobs.data import request_id  # noqa: E402
 from lp.library import draw_seed  # noqa: E402
 from lp.models import TinyTokenizer, load_model  # noqa: E402
+from lp.parallel.dist import mesh  # noqa: E402
 from lp.run import main as lp_run  # noqa: E402
 from lp.tiny import FAMILIES as TINY_FAMILIES, tiny_random  # noqa: E402
 
@@ -570,13 +571,14 @@ def main(argv=None) -> int:
                     help="run each case as a JSONL job (lp.run's command in this process; one process only)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case drawn")
     args = ap.parse_args(argv)
-    if args.jobs and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.jobs and world > 1:
         ap.error("--jobs runs in one process: lp.run starts its own distributed world "
                  "(tests/test_lp_jobs.py runs jobs under torchrun)")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.lp_size is not None and (world == 1 or args.lp_size < 1 or world % args.lp_size):
-        ap.error(f"--lp-size {args.lp_size}: LP groups need torchrun, and a size >= 1 that divides its world "
-                 f"({world} rank{'s' if world > 1 else ''} here)")
+    try:
+        mesh(world, args.lp_size)           # the groups lp would make: its own check and message
+    except ValueError as e:
+        ap.error(f"--lp-size: {e} (LP groups of several ranks need torchrun)")
     draw, check = (job_case, run_job) if args.jobs else (draw_case, run_case)
     torch.set_num_threads(1)
     cases = [args.case] if args.case is not None else \

@@ -287,4 +287,5 @@ def test_an_lp_size_torchrun_cannot_give_is_refused(capsys, monkeypatch):
         with pytest.raises(SystemExit) as e:
             fuzz_exact.main(["--lp-size", size, "--cases", "1"])
         assert e.value.code == 2
-        assert f"--lp-size {size}: LP groups need torchrun" in capsys.readouterr().err
+        assert f"--lp-size: distributed.lp_size: {size} must be >= 1 and divide the world size {world}" in \
+            capsys.readouterr().err

@@ -58,10 +58,8 @@ def import_lines(code: str) -> list[str]:
     """The top-level import statements of `code` (the lines of each), in order: those of its syntax tree
     when it parses, else each column-0 line that is an import statement on its own (prose such as
     "from now on, be brief." is none)."""
-    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")     # ast's lines (splitlines has more breaks)
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    lines, tree = _ast_lines(code), _parsed(code)
+    if tree is None:
         return [line.rstrip() for line in lines if _IMPORT.match(line) and _an_import(line)]
     found = ["\n".join(lines[node.lineno - 1:node.end_lineno]).rstrip() for node in tree.body
              if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -69,17 +67,29 @@ def import_lines(code: str) -> list[str]:
 
 
 def _an_import(line: str) -> bool:
+    tree = _parsed(line)
+    return tree is not None and len(tree.body) == 1 and isinstance(tree.body[0], (ast.Import, ast.ImportFrom))
+
+
+def _parsed(code: str) -> ast.Module | None:
+    """`code`'s syntax tree, or None where it does not parse."""
     try:
-        body = ast.parse(line).body
+        return ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return len(body) == 1 and isinstance(body[0], (ast.Import, ast.ImportFrom))
+        return None
+
+
+def _ast_lines(code: str) -> list[str]:
+    """`code`'s lines as ast numbers them (str.splitlines breaks at more characters)."""
+    return code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def with_imports(code: str, prompt: str) -> str:
-    """`code` preceded by the prompt's import lines it does not contain. Code with no statement, and
-    code whose first statement line (comments do not count, as for Python's indentation) is indented
-    (a function body that continues the prompt, which holds the imports), are left as they are."""
+    """`code` with the prompt's import lines it does not contain put first (after its docstring and
+    `from __future__` imports, which must stay first; a `__future__` import of the prompt's leads). Code
+    with no statement, and code whose first statement line (comments do not count, as for Python's
+    indentation) is indented (a function body that continues the prompt, which holds the imports), are
+    left as they are."""
     first = next((line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
     have = set(import_lines(code))
     missing = [line for line in import_lines(prompt) if line not in have]
@@ -89,7 +99,7 @@ def with_imports(code: str, prompt: str) -> str:
     head = _future_end(code)
     if not head:
         return "\n".join(missing) + "\n\n" + code
-    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")     # ast's lines
+    lines = _ast_lines(code)
     return "\n".join([*lines[:head], *missing, *lines[head:]])
 
 
@@ -100,9 +110,8 @@ def _is_future(line: str) -> bool:
 def _future_end(code: str) -> int:
     """The lines of `code` up to its last `from __future__` import (after its docstring), which must stay
     first in the program; 0 when it has none (or does not parse)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = _parsed(code)
+    if tree is None:
         return 0
     end = 0
     for k, node in enumerate(tree.body):
