@@ -605,14 +605,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     missing = [k for k, v in figures.items() if v is None]
     if missing:
-        ap.error(f"give --{' --'.join(missing)}" + (f" (the summary {a.summary} has no decoded prompt)"
+        ap.error(f"give --{' --'.join(k.replace('_', '-') for k in missing)}" + (f" (the summary {a.summary} has no decoded prompt)"
                                                     if a.summary else " or --summary"))
     taken = [k for k in figures if getattr(a, k) is None]      # the figures read from the summary
     lp_size = s.get("lp_size")
     if taken and batched(s):
         ap.error(f"--summary: {a.summary} is a batched run's ({batched(s):.2f} requests per forward): its "
                  f"per-round figures are shared by a forward's requests, and the model prices one request per "
-                 f"forward. Give a run's at generation.batch_size 1, or --{' --'.join(taken)}")
+                 f"forward. Give a run's at generation.batch_size 1, or --{' --'.join(k.replace('_', '-') for k in taken)}")
     if isinstance(lp_size, int) and lp_size > 1 and {"rows", "host_ms"} & set(taken):
         ap.error(f"--summary: {a.summary} is an LP group's (lp_size {lp_size}): its rows and host ms per round "
                  f"are rank 0's share, not one worker's R. Give a run's at lp_size 1, or --rows and --host-ms")
