@@ -122,6 +122,7 @@ def locate_model(name: str) -> tuple[str, str | Path]:
     return "hub", name
 
 
+DIGEST_SCHEME = "files1"    # model_digest's way with files: a change here makes old digests no evidence
 DIGEST_WHOLE = 1 << 20      # files up to this size are digested whole
 DIGEST_SPACING = 4 << 20    # larger ones by a block of DIGEST_BLOCK bytes every so many bytes (at least
 DIGEST_SAMPLES = 128        # this many blocks), spread from the start to the end, and their size
@@ -133,17 +134,18 @@ DIGEST_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.bin
 
 
 def model_digest(name: str) -> str | None:
-    """16 hex digits that change when the files model `name` loads from change: for a local directory
+    """A string that changes when the files model `name` loads from change, `<scheme>:<16 hex digits>`
+    (a digest of another scheme, from an lp that digested otherwise, is no evidence). For a local directory
     (DIGEST_FILES among its own files: not its subdirectories, a README or a trainer's logs) or a GGUF
     file, the SHA-256 of each file's name, size and content (whole up to DIGEST_WHOLE, else a 4 KiB block
     every 4 MiB: a retrained layer of a few MiB changes some, and a 14 GB model costs 14 MB of reads).
     A copy keeps the digest (no times are read). For a Hugging Face id, the commit its cached refs/main
-    names (16 hex digits: a later download moves refs/main). None for the built-in tiny models (their
+    names (a later download moves refs/main). None for the built-in tiny models (their
     weights are their name's). A job records it to refuse a resume whose model changed
     (lp.jobs.results); a file it cannot read is a ModelLoadError."""
     kind, where = locate_model(name)
     if kind == "hub":       # the commit refs/main names: a later download moves it
-        return _hub_snapshot(name).name[:16]
+        return f"hub:{_hub_snapshot(name).name[:16]}"
     if kind not in ("dir", "gguf"):
         return None
     root = Path(where)
@@ -157,7 +159,7 @@ def model_digest(name: str) -> str | None:
         except OSError as e:
             raise ModelLoadError(f"cannot read {path} to tell whether model {name} changed since a job's results: "
                                  f"{e.strerror or e}") from e
-    return digest.hexdigest()[:16]
+    return f"{DIGEST_SCHEME}:{digest.hexdigest()[:16]}"
 
 
 def _file_digest(path: Path) -> bytes:

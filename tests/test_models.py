@@ -384,7 +384,7 @@ def test_a_model_digest_follows_the_files_not_their_copies(tmp_path, monkeypatch
 
     save(tmp_path / "a")
     digest = model_digest(str(tmp_path / "a"))
-    assert len(digest) == 16 and model_digest(str(tmp_path / "a")) == digest
+    assert digest.startswith("files1:") and len(digest) == 7 + 16 and model_digest(str(tmp_path / "a")) == digest
     shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)     # new times
     assert model_digest(str(tmp_path / "b")) == digest
     (tmp_path / "b" / ".cache").mkdir()       # hidden: what the hub's downloads leave beside the files
@@ -484,10 +484,10 @@ def test_a_hub_ids_digest_is_its_commit_and_partial_caches_say_what_they_lack(tm
         locate_model("org/name")
     assert load_model(str(pinned), device="cpu").model.config.vocab_size == 40     # the way out it names
     point_main(tmp_path, "org/name", a)
-    assert model_digest("org/name") == a[:16]
+    assert model_digest("org/name") == f"hub:{a[:16]}"
     assert load_model("org/name", device="cpu").tokenizer.encode("w3 w7") == [3, 7]
     point_main(tmp_path, "org/name", b)
-    assert model_digest("org/name") == b[:16]
+    assert model_digest("org/name") == f"hub:{b[:16]}"
     bare = hub_snapshot(tmp_path, "org/bare", a, tokenizer=False)
     point_main(tmp_path, "org/bare", a)
     with pytest.raises(ModelLoadError, match=f"{bare} holds no tokenizer") as e:

@@ -426,5 +426,9 @@ def test_a_resume_refuses_a_local_model_whose_files_changed(tmp_path):
     assert "keeping 3 results made with other files" in forced.output
     assert results.read_text().startswith(kept) and len(lines_of(results)) == 4
     run(config, "--set", "data.limit=4")               # the digest recorded now is the new files'
+    model_json = tmp_path / "out" / "model.json"
+    model_json.write_text(json.dumps({"model": str(tmp_path / "ckpt"), "digest": "files0:0123456789abcdef"}))
+    run(config, "--set", "data.limit=4")               # a digest of another scheme (another lp's) is no evidence
+    assert json.loads(model_json.read_text())["digest"].startswith("files1:")
     run(config, "--fresh")
     assert len(lines_of(results)) == 2

@@ -187,7 +187,9 @@ class JobDir:
         if stale:
             logger.warning("--force: keeping the results of %d tasks whose prompt changed", len(stale))
         recorded = self._model_digest()
-        if model_digest is not None and recorded not in (None, model_digest):
+        scheme = lambda digest: digest.partition(":")[0]   # noqa: E731  (another scheme's digest is no evidence)
+        if model_digest is not None and recorded not in (None, model_digest) and \
+                scheme(recorded) == scheme(model_digest):
             if not force:
                 raise ResumeRefused(
                     f"{self.dir} holds {self.kept} results made with other files at model.name {cfg.model.name} "
