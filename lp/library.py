@@ -296,6 +296,7 @@ def generate(model, prompts: str | Sequence[int] | Sequence[str] | Sequence[Sequ
         if generation.forced_eos_token_id:      # generate forces the EOS after the constraint: replayed after it
             custom.insert(1, PerRequest(lambda key: replayed_forcing(len(batch[key]), generation, device)))
     stop_when = stop_test(_listed(stopping_criteria, "stopping_criteria"), device)
+    check_model(model)
     _check_inputs(model, batch)
     if drawn:
         generation = dataclasses.replace(generation, seed=draw_seed())
@@ -461,10 +462,9 @@ def _listed(value, name: str) -> list:
 
 
 def _check_inputs(model, prompts: list[list[int]]) -> None:
-    """ValueError for a model lookahead cannot be exact on (lp.decode.arch.refusal) and for a prompt id
-    past its embedding, before the call draws its seed or measures the row budget's grid with the model's
-    forwards (the decode refuses them too, after)."""
-    check_model(model)
+    """ValueError for a prompt id past the model's embedding, before the call draws its seed or measures
+    the row budget's grid with the model's forwards (the decode refuses it too, after). Callers check the
+    model itself (lp.decode.arch.check_model) before this."""
     vocab = input_vocab(model)
     for ids in prompts:
         if (why := outside_vocabulary(ids, vocab)) is not None:

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Iterator
 
+from lp.parallel.dist import several_nodes
+
 
 def store_prefix() -> str:
     """Keys of this attempt on the job's store (the hand-out's counter, the watchdog's beats, the startup
@@ -24,7 +26,7 @@ def store_prefix() -> str:
     restarts (one whose workers did not fail restarts them with its count unchanged), so the count would
     give each node other keys; there every attempt has a store of its own instead
     (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: launch/multi_node.sh, lp.parallel.dist.attempt_store)."""
-    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+    if several_nodes():
         return "lp/nodes/"
     return f"lp/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 

@@ -220,6 +220,11 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
                 dp_size=len(groups), job_rank=rank, job_world=world, job_group=job_cpu, store=store)
 
 
+def several_nodes() -> bool:
+    """Whether torchrun runs this job on several nodes (agents): each counts its own restarts there."""
+    return os.environ.get("GROUP_WORLD_SIZE", "1") != "1"
+
+
 def attempt_store(timeout: datetime.timedelta):
     """Under torchrun on one node, the job's store with keys of this attempt's own (None elsewhere).
     torchrun keeps one store server, and its keys, across the restarts of `--max-restarts`; the default
@@ -231,7 +236,7 @@ def attempt_store(timeout: datetime.timedelta):
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None:
         return None
-    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+    if several_nodes():
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0 and \
                 os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1":
             raise ValueError("torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
