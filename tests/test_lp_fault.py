@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from multiproc import ROOT, prompt_lines, start_ranks, wait_for_records, write_job, written_lines
+from multiproc import ROOT, prompt_lines, start_python, start_ranks, wait_for_records, write_job, written_lines
 
 TIMEOUT_S = 20
 MARGIN_S = 30     # process exit after the failed collective, on a loaded machine
@@ -227,3 +227,40 @@ def test_restarts_on_several_nodes_without_a_store_per_attempt_are_refused(monke
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     assert attempt_store(datetime.timedelta(seconds=5)) is None        # no restart to come: no store is shared
+
+
+LATE_JOINER = """
+import json, os, sys, time
+import torch.distributed as dist
+from lp.parallel.dist import init_distributed
+rank, late, lp_size = int(os.environ["RANK"]), float(sys.argv[1]), int(sys.argv[2]) or None
+if rank == 1:
+    time.sleep(late)            # joins `late` s after rank 0
+comm = init_distributed("gloo", 1.0, "cpu", lp_size)
+if rank == 1:
+    time.sleep(late)            # and misses the first collective by as much
+start = time.monotonic()
+try:
+    dist.barrier(group=comm.job_group)
+    outcome = "passed"
+except Exception:               # noqa: BLE001
+    outcome = "timed out"
+print(json.dumps({"outcome": outcome, "waited": time.monotonic() - start}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("lp_size", [0, 1], ids=["lp2", "dp2"])
+def test_a_late_rank_joins_but_a_late_collective_times_out(tmp_path, lp_size):
+    """Joining the job's process groups is not bounded by distributed.timeout_s: ranks reach it seconds
+    apart on a loaded node, and a 1 s timeout once failed CI's job at startup ("Gloo connectFullMesh failed
+    ... wait timeout after 1000ms"). Once joined, a collective is: rank 0 waits about 1 s for rank 1."""
+    late = 4.0
+    procs = start_python(["-c", LATE_JOINER, str(late), str(lp_size)])
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        end_all(procs)
+    assert procs[0].returncode == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert result["outcome"] == "timed out" and result["waited"] < late - 1, result

@@ -36,6 +36,11 @@ from lp.parallel.watch import Pulse, beat_period, beating
 T = TypeVar("T")
 
 SHARED_DEVICE_ENV = "LP_SHARED_DEVICE"
+# How long a rank waits for the others to join the job's process groups. Ranks reach init_distributed seconds
+# apart (imports on a loaded node); a short distributed.timeout_s, meant to find a dead peer fast, bounded this
+# wait too and failed the job at startup (gloo's "connectFullMesh failed ... wait timeout after 1000ms").
+# torchrun stops the others when a worker dies before joining, so a long wait here hangs nothing.
+STARTUP_TIMEOUT_S = 600.0
 
 
 def mesh(world: int, lp_size: int | None) -> list[list[int]]:
@@ -199,22 +204,25 @@ def init_distributed(backend: str = "auto", timeout_s: float = 300.0, device: st
         backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = attempt_store(timeout)
-    dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if backend == "nccl" else None,
+    joining = datetime.timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
+    store = attempt_store(joining)
+    dist.init_process_group(backend=backend, timeout=joining, device_id=dev if backend == "nccl" else None,
                             store=store, rank=rank if store else -1, world_size=world if store else -1)
-    job_cpu = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    job_cpu = dist.new_group(backend="gloo", timeout=joining) if backend != "gloo" else dist.group.WORLD
     groups = mesh(world, lp_size)
     store = dist.distributed_c10d._get_default_store()   # startup waits; the dp groups' hand-out and failure watch
-    if len(groups) == 1:    # one LP group: the whole world (the default); no hand-out
-        return Comm(rank, world, dev, backend, dist.group.WORLD, job_cpu, job_rank=rank, job_world=world,
-                    job_group=job_cpu, store=store)
-    main = cpu = None
-    for ranks in groups:    # every rank takes part in creating every group
-        g = dist.new_group(ranks, backend=backend, timeout=timeout)
-        c = dist.new_group(ranks, backend="gloo", timeout=timeout) if backend != "gloo" else g
-        if rank in ranks:
-            main, cpu = g, c
+    main, cpu = dist.group.WORLD, job_cpu   # one LP group: the whole world (the default); no hand-out
+    if len(groups) > 1:
+        for ranks in groups:    # every rank takes part in creating every group
+            g = dist.new_group(ranks, backend=backend, timeout=joining)
+            c = dist.new_group(ranks, backend="gloo", timeout=joining) if backend != "gloo" else g
+            if rank in ranks:
+                main, cpu = g, c
+    for group in {dist.group.WORLD, job_cpu, main, cpu}:     # all joined: collectives time out at timeout_s
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
+    if len(groups) == 1:
+        return Comm(rank, world, dev, backend, main, cpu, job_rank=rank, job_world=world, job_group=job_cpu,
+                    store=store)
     lp, dp_rank = len(groups[0]), rank // len(groups[0])
     return Comm(rank % lp, lp, dev, backend, main, cpu, src=groups[dp_rank][0], dp_rank=dp_rank,
                 dp_size=len(groups), job_rank=rank, job_world=world, job_group=job_cpu, store=store)
