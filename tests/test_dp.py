@@ -21,7 +21,7 @@ from lp.run import main
 from multiproc import prompt_lines, start_ranks, wait_for_records, write_job, written_lines
 
 TIMEOUT_S = 20
-MARGIN_S = 30
+MARGIN_S = 60     # process exits after the failure, on a loaded machine (45 s seen)
 TASKS = 10
 BROKEN_AT = 4       # a bad JSONL line: an error record, written by whichever group claims it
 
@@ -137,8 +137,11 @@ def test_killed_follower_ends_every_group(tmp_path):
     wait_for_records(procs, lambda: written_lines(*(tmp_path / "out").glob("results*.jsonl")), 2)
     took, errs = kill_and_wait(procs, 3)
     assert [procs[r].returncode for r in (0, 1, 2)] == [1, 1, 1], errs
-    assert max(took.values()) < TIMEOUT_S       # told on the store, not left to the heartbeat timeout
-    assert "error: rank 0: worker failed" in errs[0] and "rank 2" in errs[0] and "Traceback" not in errs[0]
+    assert max(took.values()) < TIMEOUT_S + MARGIN_S, took
+    # told on the store by group 1's leader, not left to the heartbeat timeout ("rank 3 timed out"): the
+    # message says so, where a clock against timeout_s failed once on a loaded machine (20.7 s to exit)
+    assert "error: rank 0: worker failed: rank 2" in errs[0] and "timed out" not in errs[0], errs[0]
+    assert "Traceback" not in errs[0]
     intact(tmp_path / "out")
 
 

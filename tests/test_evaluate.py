@@ -239,7 +239,9 @@ def test_a_stopped_or_killed_evaluation_leaves_no_program_running(tmp_path, sig)
 
     pids = tmp_path / "pids"
     program = f"import os, time\nopen({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\nwhile True: time.sleep(0.05)\n"
-    script = ("from lp.jobs.evaluate import _evaluate\n"
+    # Ctrl-C's handler set in the job: a shell that starts pytest in the background (`cmd &`) ignores SIGINT
+    script = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from lp.jobs.evaluate import _evaluate\n"
               f"samples = [{{'task_id': f't{{i}}', 'completion': {program!r}}} for i in range(4)]\n"
               "_evaluate(samples, {f't{i}': {} for i in range(4)}, lambda p, c: c, 'test', 60, 2)\n")
     job = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)

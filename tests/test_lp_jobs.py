@@ -21,10 +21,10 @@ def bad_prompts_job(tmp_path):
                      baseline={"enabled": True})
 
 
-def launch(config, *args, world=2, quiet=True):
+def launch(config, *args, world=2, quiet=True, timeout_s=TIMEOUT_S):
     procs = start_ranks(config, *args, world=world, quiet=quiet)
     try:
-        outs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
