@@ -95,6 +95,20 @@ def test_a_second_turn_reuses_an_earlier_answer(models, monkeypatch):
     assert [out[i].token_ids for i in range(3)] == references
 
 
+def test_a_second_turn_over_a_whole_ended_answer(models):
+    """B = 2, no drafts: the first request and a short one end in the same round, then a second turn
+    holding the first's whole answer joins. The free row holds K/V up to the answer's last token but
+    one (the last was never fed): the turn feeds that token and its new message (3 rows), and reads no
+    slot the ended request never wrote."""
+    model = models("llama")
+    first, short = PROMPTS[0], CHAT[:3] + [7]
+    answer = generate(model, first, 12)
+    turn = first + answer + [3, 3]
+    out = run_batch(model, [first, short, turn], LookaheadParams(0, 3, 0), 2, 12)
+    assert [out[i].token_ids for i in range(3)] == [generate(model, p, 12) for p in (first, short, turn)]
+    assert out[2].rows_per_round[0] == 3
+
+
 def test_a_free_row_left_by_an_ended_request_is_reused(models, monkeypatch):
     """Two tokens each, no drafts: three requests end in the same round, so the next prompt joins row 0
     with rows 1 and 2 free; it shares most with what row 2 holds, which is copied."""

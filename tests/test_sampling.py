@@ -70,6 +70,21 @@ def test_draws_depend_only_on_their_address():
     assert a.words(5, [0, 2, 1]) == [b.words(5, [d])[0] for d in (0, 2, 1)] == b.words(3, [2, 4, 3])
 
 
+def test_a_draw_takes_the_token_whose_cdf_reaches_it_and_never_one_without_mass():
+    """The inverse-CDF draw at its edges (the chi-square tests cannot see a rule that differs only on a cdf's
+    steps): 1 - u on a step takes the token that reaches it, 1 - u = 1 the last token with mass (not the
+    zero-mass ones after it, nor V), the smallest 1 - u the first with mass."""
+    from lp.decode.sampling import draw
+
+    def at(cdf, rest):
+        return int(draw(torch.tensor([cdf], dtype=torch.float64), torch.tensor([[rest]], dtype=torch.float64)))
+
+    cdf = [.2, .5, 1., 1.]
+    assert [at(cdf, r) for r in (2.0 ** -53, .2, .3, .5, 1.0)] == [0, 0, 1, 1, 2]
+    plateaus = [0., 0., .3, .3, .3, 1.]        # tokens 0, 1, 3 and 4 have no mass
+    assert [at(plateaus, r) for r in (2.0 ** -53, .3, .3 + 2.0 ** -50, 1.0)] == [2, 2, 5, 5]
+
+
 def verify(cands, cond, draws, start=0):
     """The tree verifier over the trie of `cands`; a node's row is cond(its path's tokens)."""
     tree = tree_of(cands)

@@ -50,6 +50,25 @@ def test_eos_beats_length_on_the_same_token():
     assert c.reason == "eos"
 
 
+def test_a_criterion_beats_length_on_the_same_token():
+    c = StopChecker([], 3, criterion=lambda out: len(out) == 3)
+    feed(c, [1, 2, 3])
+    assert c.reason == "stop"
+
+
+@pytest.mark.parametrize("stop", ["xy", "xyz", "vwxyz"])
+def test_a_stop_string_ending_one_character_past_a_checkpoint(stop):
+    """All but the last character of the stop string lie before the first checkpoint (SETTLE_TOKENS
+    tokens, one character each): the search after it starts the stop string's length less one before
+    the checkpoint's end."""
+    from lp.decode.stopping import SETTLE_TOKENS
+
+    before = SETTLE_TOKENS - len(stop) + 1
+    c = StopChecker([], 200, stop=[stop], tokenizer=CharTokenizer())
+    assert feed(c, [1] * before + [ord(ch) - ord("a") for ch in stop] + [1] * 10) == SETTLE_TOKENS
+    assert c.reason == "stop" and c.text == "b" * before
+
+
 class ByteTokenizer:
     """id -> one byte, decoded as UTF-8 with replacement: a character's bytes may come over several ids."""
 

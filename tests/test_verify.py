@@ -46,7 +46,7 @@ def verdict(tree, z, predictions, nodes=None, width=4):
     return head, after
 
 
-# preorder: 5 6 7 | 5 6 9 | 5 1 | 4 -> nodes 0:5 1:6 2:7 3:9 4:1 5:4
+# preorder, children by token: nodes 0:4 | 1:5 2:1 3:6 4:7 5:9 (parents -1 | -1 1 1 3 3)
 TREE = tree_of([(5, 6, 7), (5, 6, 9), (5, 1), (4,)])
 
 
@@ -124,11 +124,14 @@ def test_ranks_own_whole_subtrees_and_the_hit_decides():
 
 
 def test_rank0_next_token_is_authoritative():
-    preds = [0, 6, 0, 9, 0, 8]
-    a = payload(TREE, 5, preds, nodes=range(0, 1))
-    b = payload(TREE, 4, preds, nodes=range(1, 6))     # disagrees with rank 0 on z*: no hit
+    """Rank 1 disagrees with rank 0 on z* (ranks in low precision can): its hit under its own z* does not
+    count."""
+    preds = [7, 6, 0, 9, 0, 8]
+    a = payload(TREE, 3, preds, nodes=range(1, 6))     # z* 3: no root child of its subtree (5) has it
+    b = payload(TREE, 4, preds, nodes=range(0, 1))     # z* 4: its subtree's root, 4, matches
+    assert a[1] == 0 and b[1] == 1
     d = decide([a, b], 4)
-    assert d.emitted == [5] and d.hits == 0 and d.node == -1
+    assert d.emitted == [3] and d.hits == 0 and d.node == -1
 
 
 def test_greedy_ids_are_argmax_on_ties_infinities_and_nans():
