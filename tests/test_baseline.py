@@ -55,8 +55,10 @@ def test_checkpoint_generation_config_is_ignored_and_restored(loaded):
     reference = autoregressive_generate(loaded.model, ids, GenerationParams(16), eos_token_ids=[],
                                         tokenizer=loaded.tokenizer)
     own = loaded.model.generation_config
-    saved = own.repetition_penalty, own.no_repeat_ngram_size
+    saved = own.repetition_penalty, own.no_repeat_ngram_size, own.suppress_tokens, own.min_new_tokens
+    # keys generate merges into an explicit config (suppress_tokens, min_new_tokens) and keys it does not
     own.repetition_penalty, own.no_repeat_ngram_size = 5.0, 2
+    own.suppress_tokens, own.min_new_tokens = [reference.token_ids[0]], 20
     try:
         again = autoregressive_generate(loaded.model, ids, GenerationParams(16), eos_token_ids=[],
                                         tokenizer=loaded.tokenizer)
@@ -67,7 +69,7 @@ def test_checkpoint_generation_config_is_ignored_and_restored(loaded):
         penalised = loaded.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16,
                                           do_sample=False)[0, len(ids):].tolist()
     finally:
-        own.repetition_penalty, own.no_repeat_ngram_size = saved
+        own.repetition_penalty, own.no_repeat_ngram_size, own.suppress_tokens, own.min_new_tokens = saved
     assert again.token_ids == reference.token_ids
     assert penalised != reference.token_ids
 

@@ -16,6 +16,7 @@ from transformers.generation.logits_process import (
     EncoderNoRepeatNGramLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     EtaLogitsWarper,
+    MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
     PrefixConstrainedLogitsProcessor,
@@ -194,7 +195,7 @@ def test_drop_in_refuses_what_it_cannot_do(model, kwargs, match):
 
 @pytest.mark.parametrize("kwargs", [
     dict(repetition_penalty=1.4), dict(repetition_penalty=0.7), dict(min_new_tokens=12),
-    dict(min_length=24, repetition_penalty=1.2), dict(no_repeat_ngram_size=2),
+    dict(min_length=24, repetition_penalty=1.2), dict(min_length=16), dict(no_repeat_ngram_size=2),
     dict(no_repeat_ngram_size=3, bad_words_ids=[[14, 14], [50]], repetition_penalty=1.1),
     dict(suppress_tokens=[14, 30, 50], min_new_tokens=2), dict(begin_suppress_tokens=list(range(32))),
     dict(sequence_bias={(14,): -3.0, (43,): 2.5, (14, 43): 4.0, (23, 23, 35): 5.0}, repetition_penalty=1.1),
@@ -215,6 +216,38 @@ def test_drop_in_applies_the_repetition_penalty_and_min_lengths(model, kwargs):
     want = run(**kwargs)
     assert torch.equal(run(custom_generate=lp.lookahead, **TREE, **kwargs), want)
     assert not torch.equal(want, run())
+
+
+def test_drop_in_takes_the_later_of_a_min_length_processor_and_min_new_tokens(model):
+    """A user's MinLengthLogitsProcessor and min_new_tokens both hold the EOS back: the later end holds,
+    whichever comes first in the list."""
+    ids = torch.tensor([PROMPTS[0]])
+    eos = int(plain(model, ids, max_new_tokens=8)[0, ids.shape[1] + 3])
+    kwargs = dict(max_new_tokens=20, eos_token_id=eos, min_new_tokens=2,
+                  logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(ids.shape[1] + 10, eos)]))
+    want = plain(model, ids, **kwargs)
+    assert want.shape[1] > ids.shape[1] + 10
+    assert torch.equal(plain(model, ids, custom_generate=lp.lookahead, **TREE, **kwargs), want)
+
+
+def test_lp_generate_suppresses_at_the_first_new_token_after_a_prefix_fn(model):
+    """lp.generate replays generate's processors after a prefix_allowed_tokens_fn (forced EOS, then begin
+    suppression): the begin suppression holds at the first new token, not the second, which greedy
+    picks here."""
+    prompt = PROMPTS[0]
+    second = plain(model, torch.tensor([prompt]), max_new_tokens=2)[0, -1].item()
+    kwargs = dict(prefix_allowed_tokens_fn=lambda batch_id, ids: list(range(64)), forced_eos_token_id=5,
+                  begin_suppress_tokens=[second], max_new_tokens=10)
+    want = plain(model, torch.tensor([prompt]), **kwargs)[0, len(prompt):].tolist()
+    assert want[1] == second
+    assert lp.generate(model, prompt, eos_token_id=None, **kwargs)[0].token_ids == want
+
+
+def test_a_batch_whose_later_prompt_is_the_longest_sizes_its_cache_for_it(model):
+    short, long = [5, 9, 12, 7], (PROMPTS[0] * 25)[:300]
+    got = lp.generate(model, [short, long], max_new_tokens=8, eos_token_id=None, batch_size=2)
+    assert [r.token_ids for r in got] == [plain(model, torch.tensor([p]), max_new_tokens=8)[0, len(p):].tolist()
+                                          for p in (short, long)]
 
 
 def test_drop_in_samples_with_the_processors_it_is_given(model, monkeypatch):
